@@ -1,0 +1,22 @@
+# Two commands: `make train` (the main job) and `make test` (the whole suite).
+# Both create .venv on first use and reuse it afterwards.
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.minidist-installed
+NPROC ?= 2
+
+.PHONY: train test tour bench-ddp bench-fsdp
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
+	@touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m recipes.train $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+tour: $(STAMP)
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) recipes/collectives_tour.py

@@ -1,0 +1,268 @@
+"""One small, stateless function per collective, each delegating to torch.distributed.
+
+    call            who gives data     who ends with the answer
+    broadcast       src                everyone
+    reduce          everyone           dst only (other ranks' tensors are not meaningful)
+    all_reduce      everyone           everyone
+    gather          everyone           dst, a piece from each
+    all_gather      everyone           everyone, every piece in rank order
+    scatter         src                everyone, one piece each
+    reduce_scatter  everyone           everyone, its piece of the reduced whole
+    all_to_all      everyone           everyone, piece i of rank j lands as piece j on rank i
+    barrier         nobody             nobody; it only synchronises
+
+Every function takes `group` (None = the world) and `async_op`. With async_op a
+Work handle comes back: wait() on it before reading the result (on NCCL wait()
+orders the current stream after the collective instead of blocking the host).
+
+Ranks (`src`, `dst`) are global ranks, as in torch.distributed.
+
+Where a backend lacks something, a documented equivalent runs instead, never a
+silently different answer:
+  * ReduceOp.AVG on gloo (absent in old builds, and it has had correctness bugs):
+    SUM, then divide by the group size.
+  * reduce_scatter on a backend without it (older gloo): all_reduce a copy of the
+    input, then keep this rank's chunk. Same result, twice the wire traffic.
+PREMUL_SUM is not offered: it exists on NCCL only; scale, then SUM.
+
+Each call is recorded by every active minidist.comm.trace().
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from minidist.comm import trace as _trace
+
+Group = dist.ProcessGroup | None
+# Reduce ops every backend here computes natively, plus AVG through the fallback.
+SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
+
+# torch 2.14 names the single-tensor forms *_single; older releases only have *_tensor.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class FinishingWork:
+    """A Work handle whose completion also runs a finishing step on this rank.
+
+    Used by the fallbacks above: the collective runs asynchronously, and the
+    divide (AVG) or chunk copy (reduce_scatter) happens exactly once, on wait()
+    or when the future completes, whichever comes first.
+    """
+
+    def __init__(self, work: dist.Work, finish: Callable[[], None]):
+        self._work = work
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._finished = False
+
+    def _finish_once(self) -> None:
+        with self._lock:
+            if not self._finished:
+                self._finished = True
+                self._finish()
+
+    def wait(self, timeout=None) -> bool:
+        self._work.wait() if timeout is None else self._work.wait(timeout)
+        self._finish_once()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed() and self._finished
+
+    def get_future(self) -> torch.futures.Future:
+        def _then(fut):
+            self._finish_once()
+            return fut.value()
+        return self._work.get_future().then(_then)
+
+
+def _size(group: Group) -> int:
+    return dist.get_world_size(group)
+
+
+def _is_gloo(group: Group) -> bool:
+    return dist.get_backend(group) == "gloo"
+
+
+def _check_op(op) -> None:
+    if op not in SUPPORTED_OPS:
+        raise ValueError(f"reduce op {op} is not supported by minidist.comm; use one of SUM, PRODUCT, MIN, MAX, AVG")
+
+
+def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call: Callable,
+           is_root: bool = False):
+    """Run one collective; if a trace is active, record it with its issue time."""
+    if not _trace._ACTIVE:
+        return call()
+    issued = time.perf_counter()
+    work = call()
+    _trace.record(op, tensor, numel, group, work, issued, is_root=is_root)
+    return work
+
+
+def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], object], async_op: bool):
+    """Run `run(SUM)` and divide the result tensor by the group size."""
+    n = _size(group)
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"ReduceOp.AVG needs a floating tensor, got {tensor.dtype}")
+    work = run(ReduceOp.SUM)
+    if async_op:
+        return FinishingWork(work, lambda: tensor.div_(n))
+    tensor.div_(n)
+    return None
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, async_op: bool = False):
+    """Copy `tensor` from rank `src` into `tensor` on every rank (in place)."""
+    return _issue("broadcast", tensor, tensor.numel(), group,
+                  lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
+                  is_root=dist.get_rank() == src)
+
+
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, async_op: bool = False):
+    """Reduce `tensor` across ranks with `op`; every rank ends with the result (in place)."""
+    _check_op(op)
+
+    def run(real_op):
+        return dist.all_reduce(tensor, real_op, group=group, async_op=async_op)
+
+    def call():
+        if op == ReduceOp.AVG and _is_gloo(group):
+            return _avg_via_sum(tensor, group, run, async_op)
+        return run(op)
+
+    return _issue("all_reduce", tensor, tensor.numel(), group, call)
+
+
+def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group = None, async_op: bool = False):
+    """Reduce `tensor` across ranks onto rank `dst`. Only dst's tensor is meaningful afterwards."""
+    _check_op(op)
+    is_dst = dist.get_rank() == dst
+
+    def run(real_op):
+        return dist.reduce(tensor, dst, real_op, group=group, async_op=async_op)
+
+    def call():
+        if op == ReduceOp.AVG and _is_gloo(group):
+            if not is_dst:  # only the destination divides; the others' tensors are not meaningful
+                return run(ReduceOp.SUM)
+            return _avg_via_sum(tensor, group, run, async_op)
+        return run(op)
+
+    return _issue("reduce", tensor, tensor.numel(), group, call, is_root=is_dst)
+
+
+def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *,
+               group: Group = None, async_op: bool = False):
+    """Every rank's `input`, in rank order, into `output` on every rank.
+
+    `output` is either a list of N tensors shaped like `input`, or one tensor of
+    N * input.numel() elements laid out [rank0 | rank1 | ...] along dim 0.
+    """
+    n = _size(group)
+    if isinstance(output, torch.Tensor):
+        call = lambda: _all_gather_single(output, input, group=group, async_op=async_op)  # noqa: E731
+    else:
+        call = lambda: dist.all_gather(list(output), input, group=group, async_op=async_op)  # noqa: E731
+    return _issue("all_gather", input, input.numel() * n, group, call)
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op=ReduceOp.SUM, *,
+                   group: Group = None, async_op: bool = False):
+    """Reduce `input` across ranks and leave chunk `rank` of the result in `output`.
+
+    `input` is one tensor of N * output.numel() elements (chunk r = rows r*k..(r+1)*k)
+    or a list of N tensors shaped like `output`.
+    """
+    _check_op(op)
+    n = _size(group)
+    flat = input if isinstance(input, torch.Tensor) else torch.cat([t.reshape(-1) for t in input])
+    if flat.numel() != output.numel() * n:
+        raise ValueError(f"reduce_scatter: input has {flat.numel()} elements, expected {n} x {output.numel()}")
+
+    def run(real_op):
+        try:
+            return _reduce_scatter_single(output, flat.view_as(flat), real_op, group=group, async_op=async_op)
+        except RuntimeError as e:
+            if "does not support" not in str(e):
+                raise
+            return _reduce_scatter_by_all_reduce(output, flat, real_op, group, async_op)
+
+    def call():
+        if op == ReduceOp.AVG and _is_gloo(group):
+            return _avg_via_sum(output, group, run, async_op)
+        return run(op)
+
+    return _issue("reduce_scatter", output, flat.numel(), group, call)
+
+
+def _reduce_scatter_by_all_reduce(output, flat, op, group, async_op):
+    """Fallback for backends without reduce_scatter: all_reduce a copy, keep our chunk."""
+    scratch = flat.clone()
+    rank = dist.get_rank(group)
+    work = dist.all_reduce(scratch, op, group=group, async_op=async_op)
+    copy = lambda: output.view(-1).copy_(scratch.view(-1).chunk(_size(group))[rank])  # noqa: E731
+    if async_op:
+        return FinishingWork(work, copy)
+    copy()
+    return None
+
+
+def gather(input: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, *,
+           group: Group = None, async_op: bool = False):
+    """Collect every rank's `input` into `gather_list` on rank `dst`.
+
+    gather_list must be a list of N tensors on dst and None on every other rank.
+    """
+    is_dst = dist.get_rank() == dst
+    if is_dst and gather_list is None:
+        raise ValueError("gather: the destination rank must pass gather_list")
+    if not is_dst and gather_list is not None:
+        raise ValueError("gather: gather_list must be None on ranks other than dst")
+    return _issue("gather", input, input.numel() * _size(group), group,
+                  lambda: dist.gather(input, gather_list, dst, group=group, async_op=async_op), is_root=is_dst)
+
+
+def scatter(output: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, *,
+            group: Group = None, async_op: bool = False):
+    """Hand piece r of `scatter_list` on rank `src` to rank r's `output`.
+
+    scatter_list must be a list of N tensors on src and None on every other rank.
+    """
+    is_src = dist.get_rank() == src
+    if is_src and scatter_list is None:
+        raise ValueError("scatter: the source rank must pass scatter_list")
+    if not is_src and scatter_list is not None:
+        raise ValueError("scatter: scatter_list must be None on ranks other than src")
+    return _issue("scatter", output, output.numel() * _size(group), group,
+                  lambda: dist.scatter(output, scatter_list, src, group=group, async_op=async_op), is_root=is_src)
+
+
+def all_to_all(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor | list[torch.Tensor], *,
+               group: Group = None, async_op: bool = False):
+    """Chunk j of rank i's `input` becomes chunk i of rank j's `output`.
+
+    Either single tensors split evenly along dim 0 into N chunks, or lists of N tensors.
+    """
+    if isinstance(input, torch.Tensor):
+        numel = input.numel()
+        call = lambda: dist.all_to_all_single(output, input, group=group, async_op=async_op)  # noqa: E731
+        ref = input
+    else:
+        numel = sum(t.numel() for t in input)
+        call = lambda: dist.all_to_all(list(output), list(input), group=group, async_op=async_op)  # noqa: E731
+        ref = input[0]
+    return _issue("all_to_all", ref, numel, group, call)
+
+
+def barrier(*, group: Group = None, async_op: bool = False):
+    """Return once every rank of the group has called barrier."""
+    return _issue("barrier", None, 0, group, lambda: dist.barrier(group=group, async_op=async_op))

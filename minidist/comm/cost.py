@@ -1,0 +1,111 @@
+"""The alpha-beta cost model of collectives, and a calibration that measures alpha and beta.
+
+A message of b bytes costs alpha + b * beta: alpha is the per-message latency
+(seconds), beta the inverse bandwidth (seconds per byte). For N ranks and a
+payload of S bytes (the full logical tensor, as in minidist.comm.trace):
+
+    op              ring                                   tree / recursive halving-doubling
+    all_reduce      2(N-1) a + 2 S (N-1)/N b               2 log2(N) a + 2 S (N-1)/N b   (Rabenseifner)
+    all_gather      (N-1) a  +   S (N-1)/N b               log2(N) a   +   S (N-1)/N b   (recursive doubling)
+    reduce_scatter  (N-1) a  +   S (N-1)/N b               log2(N) a   +   S (N-1)/N b   (recursive halving)
+    broadcast       (N-1) a  +   S b         (pipelined)   log2(N) (a + S b)             (binomial tree)
+    reduce          (N-1) a  +   S b         (pipelined)   log2(N) (a + S b)
+    gather, scatter (N-1) a  +   S (N-1)/N b               log2(N) a   +   S (N-1)/N b
+    all_to_all      (N-1) a  +   S (N-1)/N b               log2(N) a   + S/2 log2(N) b     (Bruck)
+    barrier         2(N-1) a                               log2(N) a                     (dissemination)
+
+The ring's bandwidth term for all_reduce tends to 2 S b whatever N is, which is
+why rings win for large payloads; its latency term grows as N, which is why
+trees win for small payloads on many ranks. NCCL chooses between them by size.
+
+calibrate() times all_reduce at a few sizes on the current group and fits
+alpha and beta by least squares to the ring formula.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+ALGORITHMS = ("ring", "tree")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    alpha: float
+    """Latency per message, seconds."""
+    beta: float
+    """Inverse bandwidth, seconds per byte."""
+
+    def predict(self, op: str, payload_bytes: int, world: int, algorithm: str = "ring") -> float:
+        """Predicted seconds for one `op` of `payload_bytes` among `world` ranks."""
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        n, s, a, b = world, float(payload_bytes), self.alpha, self.beta
+        if n <= 1:
+            return 0.0
+        frac = (n - 1) / n
+        lg = math.ceil(math.log2(n))
+        ring = algorithm == "ring"
+        if op == "all_reduce":
+            return (2 * (n - 1) if ring else 2 * lg) * a + 2 * s * frac * b
+        if op in ("all_gather", "reduce_scatter", "gather", "scatter"):
+            return ((n - 1) if ring else lg) * a + s * frac * b
+        if op in ("broadcast", "reduce"):
+            return (n - 1) * a + s * b if ring else lg * (a + s * b)
+        if op == "all_to_all":
+            return (n - 1) * a + s * frac * b if ring else lg * a + s / 2 * lg * b
+        if op == "barrier":
+            return (2 * (n - 1) if ring else lg) * a
+        raise ValueError(f"unknown collective {op!r}")
+
+
+def _time_all_reduce(numel: int, group, iters: int) -> float:
+    """Median seconds of one all_reduce of `numel` float32 elements."""
+    x = torch.ones(numel, dtype=torch.float32, device=_device(group))
+    dist.all_reduce(x, group=group)  # warm-up: connects and allocates
+    samples = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=group)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def _device(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def calibrate(group=None, sizes=(1, 1 << 10, 1 << 16, 1 << 20, 1 << 22), iters: int = 10) -> CostModel:
+    """Measure alpha and beta on `group` by timing all_reduce at several sizes.
+
+    Each size contributes one equation t = 2(N-1) alpha + 2 S (N-1)/N beta, and a
+    least-squares fit gives both. Every rank must call this; all get the same
+    model (rank 0's fit is broadcast). A world of one has no communication: 0, 0.
+    """
+    n = dist.get_world_size(group)
+    if n == 1:
+        return CostModel(0.0, 0.0)
+    xs, ts = [], []
+    for numel in sizes:
+        xs.append(2 * numel * 4 * (n - 1) / n)
+        ts.append(_time_all_reduce(numel, group, iters))
+    k = 2 * (n - 1)
+    # Fit t = k*alpha + x*beta by ordinary least squares on (x, t).
+    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
+    var = sum((x - mx) ** 2 for x in xs)
+    beta = max(sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / var, 0.0)
+    alpha = max((mt - beta * mx) / k, 0.0)
+    fit = torch.tensor([alpha, beta], dtype=torch.float64, device=_device(group))
+    dist.broadcast(fit, dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return CostModel(float(fit[0]), float(fit[1]))

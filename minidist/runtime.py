@@ -1,0 +1,141 @@
+"""The process-group runtime: who am I, how many are we, which device and backend.
+
+Every engine in minidist takes its process group explicitly; this module only
+builds the first one. It reads what torchrun exports (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and, when none of that is set, starts a
+world of one in this process, so the same script runs with and without torchrun.
+
+    with minidist.runtime.distributed() as topo:
+        model = minidist.DDP(net.to(topo.device), process_group=topo.group)
+
+Backend "auto" picks nccl on cuda:LOCAL_RANK when CUDA is available and gloo on
+the CPU otherwise. The device is set *before* init_process_group, because NCCL
+binds its communicator to the current device when it is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the job. Passed explicitly; never a global."""
+
+    rank: int
+    """Global rank, 0..world_size-1."""
+    world_size: int
+    """Number of processes in the job."""
+    local_rank: int
+    """Rank on this node; selects the GPU."""
+    backend: str
+    """The backend actually used: "gloo" or "nccl"."""
+    device: torch.device
+    """Where this rank computes: cuda:LOCAL_RANK with nccl, cpu with gloo."""
+    group: dist.ProcessGroup
+    """The default (world) process group."""
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes logs, checkpoints and plots."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def resolve_backend(backend: str) -> str:
+    """Map "auto" to nccl when CUDA is usable, else gloo; validate explicit choices."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("backend='nccl' needs CUDA GPUs; none is visible here. Use backend=gloo or auto.")
+    return backend
+
+
+def init(backend: str = "auto", timeout_s: float = 300.0) -> Topology:
+    """Initialise the default process group from torchrun's environment, or as a world of one.
+
+    timeout_s bounds every collective: a rank that never arrives turns into an
+    error after this long instead of a silent hang.
+    """
+    backend = resolve_backend(backend)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = _env_int("RANK", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        if launched:
+            kwargs = {"device_id": device} if backend == "nccl" else {}
+            dist.init_process_group(backend, timeout=timeout, **kwargs)
+        else:
+            # A world of one with an in-memory store: no ports, no environment.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return Topology(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        backend=backend,
+        device=device,
+        group=dist.group.WORLD,
+    )
+
+
+def shutdown() -> None:
+    """Destroy the default process group if one exists (safe to call twice)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed(backend: str = "auto", timeout_s: float = 300.0) -> Iterator[Topology]:
+    """init() on entry; destroy the process group on normal exit and on exceptions."""
+    topo = init(backend, timeout_s)
+    try:
+        yield topo
+    finally:
+        shutdown()
+
+
+def rank_prefix() -> str:
+    """'[rank r/N] ' when a process group exists, else ''."""
+    if dist.is_initialized():
+        return f"[rank {dist.get_rank()}/{dist.get_world_size()}] "
+    return f"[rank {os.environ.get('RANK', '0')}] " if "RANK" in os.environ else ""
+
+
+def exit_on_error(exc: BaseException) -> None:
+    """Print one line naming the error on this rank and exit 1, without a stack trace.
+
+    Set MINIDIST_TRACEBACK=1 to see the full trace.
+    """
+    if os.environ.get("MINIDIST_TRACEBACK"):
+        raise exc
+    print(f"{rank_prefix()}error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    shutdown()
+    sys.exit(1)

@@ -1,0 +1,180 @@
+"""A pool of long-lived gloo worker processes that runs test bodies on every rank.
+
+Starting N Python processes that import torch costs seconds; doing it per test
+would not fit hundreds of tests on 2 cores. So a pool of `world_size` workers is
+spawned once per pytest session (per world size), joins one gloo process group
+and then runs test bodies on request:
+
+    results = pool.run(body, arg1, arg2)   # body(arg1, arg2) on every rank
+
+`body` must be a module-level function (it is pickled by reference). It runs
+with the default process group initialised; the value it returns on each rank
+comes back in rank order.
+
+Bounded time, always: a rank that raises, dies or does not answer within
+`timeout` fails the test with a message naming the rank; the pool is then torn
+down (its process group may be mid-collective) and a fresh one starts for the
+next test. A warning emitted by a body fails the test too, unless the caller
+passes allow_warnings=True.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+import warnings
+
+WORKER_PG_TIMEOUT_S = 60.0
+"""gloo's own timeout inside workers: a collective stuck longer than this raises."""
+
+STARTUP_TIMEOUT_S = 120.0
+"""Spawning workers and importing torch on a loaded 2-core machine can take a while."""
+
+GRACE_AFTER_ERROR_S = 3.0
+"""After one rank fails, how long the others get to report before the pool is killed."""
+
+
+def _worker_main(rank: int, world_size: int, store_path: str, tasks, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # as torchrun does (OMP_NUM_THREADS=1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=WORKER_PG_TIMEOUT_S))
+    results.put((rank, ("ready", None), []))
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args, kwargs = task
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                value = fn(*args, **kwargs)
+                outcome = ("ok", value)
+            except BaseException:  # noqa: BLE001 - report everything, including AssertionError
+                outcome = ("error", traceback.format_exc())
+        seen = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
+        try:
+            results.put((rank, outcome, seen))
+        except Exception:  # unpicklable return value
+            results.put((rank, ("error", f"return value not picklable: {traceback.format_exc()}"), seen))
+    dist.destroy_process_group()
+
+
+class DistTestError(AssertionError):
+    """A multi-process test body failed, hung or died on some rank."""
+
+
+class WorkerPool:
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        ctx = mp.get_context("spawn")
+        self._dir = tempfile.TemporaryDirectory(prefix="minidist-pool-")
+        store = os.path.join(self._dir.name, "store")
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        self._procs = [
+            ctx.Process(target=_worker_main, args=(r, world_size, store, self._tasks[r], self._results),
+                        daemon=True, name=f"minidist-rank{r}")
+            for r in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        self.broken = False
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Block until every worker has joined the process group (bounded)."""
+        ready: set[int] = set()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while len(ready) < self.world_size:
+            try:
+                rank, _, _ = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
+                ready.add(rank)
+            except queue.Empty:
+                self.close(kill=True)
+                raise DistTestError(f"worker pool of {self.world_size} did not start within {STARTUP_TIMEOUT_S:.0f}s; "
+                                    f"ready ranks: {sorted(ready)}") from None
+
+    def run(self, fn, *args, timeout: float = 120.0, allow_warnings: bool = False, **kwargs) -> list:
+        """Run fn(*args, **kwargs) on every rank; return the values in rank order."""
+        if self.broken:
+            raise DistTestError("worker pool is broken; it should have been replaced")
+        for q in self._tasks:
+            q.put((fn, args, kwargs))
+        got: dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        while len(got) < self.world_size:
+            now = time.monotonic()
+            limit = deadline if first_error_at is None else min(deadline, first_error_at + GRACE_AFTER_ERROR_S)
+            if now >= limit:
+                break
+            try:
+                rank, outcome, seen = self._results.get(timeout=min(0.2, limit - now))
+                got[rank] = (outcome, seen)
+                if outcome[0] == "error" and first_error_at is None:
+                    first_error_at = time.monotonic()
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive() and r not in got]
+                if dead:
+                    self.close(kill=True)
+                    raise DistTestError(f"{fn.__name__}: rank(s) {', '.join(f'{r} (exit code {c})' for r, c in dead)} "
+                                        f"died without reporting")
+        errors = [(r, o[1]) for r, (o, _) in sorted(got.items()) if o[0] == "error"]
+        missing = [r for r in range(self.world_size) if r not in got]
+        if errors or missing:
+            self.close(kill=True)
+            msg = [f"{fn.__name__} failed at world size {self.world_size}"]
+            msg += [f"--- rank {r} raised:\n{tb}" for r, tb in errors]
+            if missing:
+                why = "after another rank failed" if errors else f"within {timeout:.0f}s"
+                msg.append(f"--- rank(s) {missing} did not finish {why} (hung in a collective?)")
+            raise DistTestError("\n".join(msg))
+        if not allow_warnings:
+            warned = [(r, w) for r, (_, seen) in sorted(got.items()) for w in seen]
+            if warned:
+                raise DistTestError(f"{fn.__name__} emitted warnings:\n" + "\n".join(f"rank {r}: {w}" for r, w in warned))
+        return [got[r][0][1] for r in range(self.world_size)]
+
+    def close(self, kill: bool = False) -> None:
+        self.broken = True
+        if not kill:
+            for q in self._tasks:
+                q.put(None)
+            for p in self._procs:
+                p.join(timeout=10)
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self._dir.cleanup()
+
+
+class PoolManager:
+    """One live pool per world size, replaced whenever a test breaks it."""
+
+    def __init__(self):
+        self._pools: dict[int, WorkerPool] = {}
+
+    def get(self, world_size: int) -> WorkerPool:
+        pool = self._pools.get(world_size)
+        if pool is None or pool.broken:
+            pool = self._pools[world_size] = WorkerPool(world_size)
+        return pool
+
+    def run(self, world_size: int, fn, *args, **kwargs) -> list:
+        return self.get(world_size).run(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            if not pool.broken:
+                pool.close()
+        self._pools.clear()

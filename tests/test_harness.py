@@ -1,0 +1,67 @@
+"""The harness itself: a failing, dying or hanging rank fails the test in bounded time."""
+
+import os
+import time
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.harness import DistTestError
+
+
+def _rank_and_size():
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _raise_on_rank_1():
+    if dist.get_rank() == 1:
+        raise ValueError("boom on rank 1")
+    dist.all_reduce(torch.ones(1))  # rank 0 waits for a partner who never comes
+
+
+def _die_on_rank_1():
+    if dist.get_rank() == 1:
+        os._exit(3)
+    time.sleep(30)
+
+
+def _hang_on_rank_0():
+    if dist.get_rank() == 0:
+        time.sleep(30)
+
+
+def _warn():
+    warnings.warn("something odd", UserWarning)
+
+
+def test_pool_runs_on_every_rank(run_dist):
+    assert run_dist(2, _rank_and_size) == [(0, 2), (1, 2)]
+    assert run_dist(3, _rank_and_size) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_error_on_one_rank_fails_fast_with_its_traceback(run_dist):
+    t0 = time.monotonic()
+    with pytest.raises(DistTestError, match="boom on rank 1"):
+        run_dist(2, _raise_on_rank_1)
+    assert time.monotonic() - t0 < 20
+    assert run_dist(2, _rank_and_size) == [(0, 2), (1, 2)]  # a fresh pool replaced the broken one
+
+
+def test_dead_rank_fails_with_exit_code(run_dist):
+    with pytest.raises(DistTestError, match=r"1 \(exit code 3\)"):
+        run_dist(2, _die_on_rank_1, timeout=25)
+
+
+def test_hung_rank_times_out(run_dist):
+    t0 = time.monotonic()
+    with pytest.raises(DistTestError, match=r"\[0\] did not finish within 2s"):
+        run_dist(2, _hang_on_rank_0, timeout=2)
+    assert time.monotonic() - t0 < 15
+
+
+def test_warnings_fail_unless_allowed(run_dist):
+    with pytest.raises(DistTestError, match="something odd"):
+        run_dist(2, _warn)
+    run_dist(2, _warn, allow_warnings=True)
