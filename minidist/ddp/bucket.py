@@ -1,0 +1,165 @@
+"""Gradient buckets: which parameters travel together, and the flat buffer they travel in.
+
+Why buckets at all. An all_reduce of S bytes among N ranks costs about
+``alpha * log N (or N) + 2 S (N-1)/N * beta``: a fixed latency alpha per call
+plus a bandwidth term. One call per parameter pays alpha hundreds of times;
+one call for the whole model cannot start until the *last* gradient exists, so
+nothing overlaps with backward. Buckets of ``bucket_cap_mb`` are the middle
+ground: few calls, and the first ones start while backward is still running.
+
+Why reverse registration order. Backward visits layers roughly in the reverse
+of the order in which they were registered (the output layer's gradient is
+ready first), so packing parameters in reverse order makes bucket 0 complete
+first, bucket 1 next, and so on.
+
+Why a smaller first bucket. Bucket 0 is the only one whose all_reduce can start
+before any other communication; the sooner it is complete, the sooner the wire
+is busy. Like torch's ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) the first
+bucket of each dtype is capped at ``min(1 MiB, bucket_cap)``.
+
+Lifecycle of one bucket in one iteration (explicit, asserted):
+
+    FILLING --mark_ready x len(params)--> FULL --launch--> REDUCING --finish--> REDUCED --reset--> FILLING
+
+FULL exists because buckets must be launched in the same order on every rank
+(collectives on one process group are matched by issue order): a bucket that
+fills before an earlier one waits in FULL until the earlier one has launched.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+MiB = 1024 * 1024
+FIRST_BUCKET_BYTES = 1 * MiB
+"""torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: the cap of the first bucket."""
+
+
+def assign_buckets(params: Sequence[nn.Parameter], bucket_cap_bytes: int,
+                   first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """Group ``params`` (given in expected-ready order) into buckets; return lists of indices.
+
+    Rules: one dtype and device per bucket; a bucket closes before a parameter
+    would push it past its cap (a parameter larger than the cap gets a bucket of
+    its own); the first bucket of each (dtype, device) is capped at
+    ``min(first_bucket_bytes, bucket_cap_bytes)``. Buckets come back sorted by
+    the position of their first parameter, i.e. in the order they should fill.
+    """
+    closed: list[list[int]] = []
+    open_: dict[tuple, list[int]] = {}
+    open_bytes: dict[tuple, int] = {}
+    n_closed: dict[tuple, int] = {}
+    for i, p in enumerate(params):
+        key = (p.dtype, p.device)
+        cap = bucket_cap_bytes if n_closed.get(key, 0) else min(first_bucket_bytes, bucket_cap_bytes)
+        size = p.numel() * p.element_size()
+        cur = open_.setdefault(key, [])
+        if cur and open_bytes[key] + size > cap:
+            closed.append(cur)
+            n_closed[key] = n_closed.get(key, 0) + 1
+            cur = open_[key] = []
+            open_bytes[key] = 0
+        cur.append(i)
+        open_bytes[key] = open_bytes.get(key, 0) + size
+    closed.extend(b for b in open_.values() if b)
+    return sorted(closed, key=lambda b: b[0])
+
+
+class BucketState(enum.Enum):
+    FILLING = "filling"      # waiting for some of its gradients
+    FULL = "full"            # every gradient is in; waiting for earlier buckets to launch
+    REDUCING = "reducing"    # its collective (the comm hook's future) is in flight
+    REDUCED = "reduced"      # the future's result has been written back into `flat`
+
+
+class Bucket:
+    """One flat gradient buffer and the parameters whose gradients live in it.
+
+    Layout: ``flat`` is 1-D, ``sum(p.numel())`` elements of one dtype/device;
+    parameter j occupies ``flat[offsets[j] : offsets[j] + p.numel()]`` and
+    ``views[j]`` is that slice shaped like the parameter (a view, no copy).
+
+    The method names ``buffer() / index() / parameters() / gradients() /
+    is_last()`` mirror torch's ``GradBucket`` so that communication hooks read
+    the same as torch's.
+    """
+
+    def __init__(self, index: int, params: list[nn.Parameter], param_ids: list[int], is_last: bool):
+        self._index = index
+        self.params = params
+        self.param_ids = param_ids
+        """Position of each parameter in the reducer's parameter list."""
+        self._is_last = is_last
+        p0 = params[0]
+        assert all(p.dtype == p0.dtype and p.device == p0.device for p in params), "one dtype/device per bucket"
+        numels = [p.numel() for p in params]
+        self.offsets = [sum(numels[:j]) for j in range(len(params))]
+        self.flat = torch.zeros(sum(numels), dtype=p0.dtype, device=p0.device)
+        self.views = [self.flat[o:o + n].view_as(p) for o, n, p in zip(self.offsets, numels, params)]
+        self.state = BucketState.FILLING
+        self.pending = len(params)
+        """Gradients still missing this iteration; the bucket is FULL at 0."""
+        self.future: torch.futures.Future | None = None
+
+    # torch GradBucket-style accessors, for comm hooks
+    def buffer(self) -> torch.Tensor:
+        return self.flat
+
+    def index(self) -> int:
+        return self._index
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self.params
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self.views
+
+    def is_last(self) -> bool:
+        return self._is_last
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    # transitions
+    def mark_ready(self) -> bool:
+        """One more gradient is in its view; True when that was the last one."""
+        assert self.state is BucketState.FILLING, f"bucket {self._index}: mark_ready while {self.state.name}"
+        assert self.pending > 0
+        self.pending -= 1
+        if self.pending == 0:
+            self.state = BucketState.FULL
+            return True
+        return False
+
+    def launch(self, future: torch.futures.Future) -> None:
+        assert self.state is BucketState.FULL, f"bucket {self._index}: launch while {self.state.name}"
+        self.future = future
+        self.state = BucketState.REDUCING
+
+    def finish(self) -> None:
+        """Wait for the reduction and leave its result in ``flat``."""
+        assert self.state is BucketState.REDUCING, f"bucket {self._index}: finish while {self.state.name}"
+        result = self.future.wait()
+        if isinstance(result, list):  # a raw Work future yields [tensor]
+            result = result[0]
+        if result.data_ptr() != self.flat.data_ptr():
+            self.flat.copy_(result.view_as(self.flat))
+        self.future = None  # drop the Work: nothing stays referenced after backward
+        self.state = BucketState.REDUCED
+
+    def abandon(self) -> None:
+        """Error path: wait out any in-flight work, then forget this iteration."""
+        if self.state is BucketState.REDUCING:
+            self.future.wait()
+        self.future = None
+        self.state = BucketState.REDUCED
+
+    def reset(self) -> None:
+        assert self.state is BucketState.REDUCED, f"bucket {self._index}: reset while {self.state.name}"
+        self.pending = len(self.params)
+        self.state = BucketState.FILLING

@@ -1,0 +1,138 @@
+"""minidist.DDP: the public module. Used exactly as torch's DistributedDataParallel:
+
+    model = DDP(net, process_group=None, bucket_cap_mb=25)
+    loss = loss_fn(model(x), y)
+    loss.backward()          # gradients are averaged across ranks by the end of this call
+    optimizer.step()
+
+What happens where:
+  * construction: every rank checks that it built the same model (names, shapes,
+    dtypes; a mismatch is an error on every rank, not a hang), then rank 0's
+    parameters and buffers are broadcast so every replica starts identical;
+    a Reducer (reducer.py) buckets the trainable parameters and hooks them.
+  * forward: buffers (BatchNorm running statistics) are broadcast from rank 0,
+    so every replica normalises with the same statistics; the reducer learns
+    whether this iteration syncs (see no_sync) and, once, rebuilds its buckets.
+  * backward: the reducer's hooks overlap the all_reduce with backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from minidist import comm
+from minidist.ddp.comm_hooks import CommHook
+from minidist.ddp.reducer import Reducer, ReducerPolicy
+
+
+class DDP(nn.Module):
+    """Data parallelism: replicate `module`, average gradients with bucketed async all_reduce.
+
+    Arguments mirror torch.nn.parallel.DistributedDataParallel. `comm_hook`
+    (hook(state, bucket) -> Future[Tensor]) replaces the default
+    all_reduce-then-divide; its state is the process group.
+    """
+
+    def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
+                 bucket_cap_mb: float = 25, find_unused_parameters: bool = False,
+                 gradient_as_bucket_view: bool = False, broadcast_buffers: bool = True,
+                 comm_hook: CommHook | None = None):
+        super().__init__()
+        self.module = module
+        self.process_group = process_group
+        self.broadcast_buffers = broadcast_buffers
+        self.require_backward_grad_sync = True
+        """False inside no_sync(): the next backward only accumulates locally."""
+        self._src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+        named = list(module.named_parameters())  # tied parameters appear once
+        self._buffers_to_sync = [b for b in module.buffers()]
+        _verify_same_model(named, list(module.named_buffers()), process_group)
+        self._broadcast([p.detach() for _, p in named] + self._buffers_to_sync)
+        trainable = [(n, p) for n, p in named if p.requires_grad]  # frozen ones are simply left out
+        if not trainable:
+            raise ValueError("DDP: the module has no parameter that requires grad; there is nothing to reduce")
+        policy = ReducerPolicy(bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view)
+        self.reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], policy, process_group)
+        if comm_hook is not None:
+            self.register_comm_hook(process_group, comm_hook)
+
+    def register_comm_hook(self, state: Any, hook: CommHook) -> None:
+        """Reduce every bucket with hook(state, bucket) -> Future[Tensor] (the average) from now on."""
+        if self.reducer._backwards_started:
+            raise RuntimeError("DDP: register_comm_hook must be called before the first backward")
+        self.reducer.comm_hook, self.reducer.hook_state = hook, state
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Forward+backward inside this block accumulate p.grad locally, without communication.
+
+        The first synced backward after it all_reduces the accumulated sum, so K
+        micro-batches under no_sync plus one synced equal one batch of K+1 (each
+        micro-batch loss scaled by 1/(K+1), as with torch).
+        """
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            self.reducer.prepare_for_forward(sync=self.require_backward_grad_sync)
+        if self.broadcast_buffers and self._buffers_to_sync:
+            self._broadcast(self._buffers_to_sync)
+        return self.module(*args, **kwargs)
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        """Overwrite `tensors` with rank 0's (of the group), all launched before any wait."""
+        if dist.get_world_size(self.process_group) == 1:
+            return
+        with torch.no_grad():
+            works = [comm.broadcast(t, src=self._src, group=self.process_group, async_op=True) for t in tensors]
+            for w in works:
+                w.wait()
+
+
+def _describe(name: str, t: torch.Tensor, kind: str) -> str:
+    grad = f", requires_grad={t.requires_grad}" if kind == "parameter" else ""
+    return f"{kind} '{name}' shape={tuple(t.shape)} dtype={str(t.dtype).removeprefix('torch.')}{grad}"
+
+
+def _verify_same_model(params: list[tuple[str, nn.Parameter]], buffers: list[tuple[str, torch.Tensor]],
+                       group: dist.ProcessGroup | None) -> None:
+    """Raise on every rank if any rank built a different model, naming the first difference.
+
+    Two all_gathers of int64: the entry counts, then one 63-bit hash per
+    (name, shape, dtype, requires_grad), padded to the longest list. Every rank
+    sees the same table and so reaches the same verdict: no rank is left
+    waiting in a collective that the others skipped.
+    """
+    entries = [_describe(n, p, "parameter") for n, p in params] + [_describe(n, b, "buffer") for n, b in buffers]
+    world = dist.get_world_size(group)
+    if world == 1:
+        return
+    counts = torch.zeros(world, dtype=torch.int64)
+    comm.all_gather(counts, torch.tensor([len(entries)], dtype=torch.int64), group=group)
+    width = int(counts.max())
+    mine = torch.full((width,), -1, dtype=torch.int64)
+    for k, e in enumerate(entries):
+        mine[k] = int.from_bytes(hashlib.blake2b(e.encode(), digest_size=8).digest(), "little") >> 1
+    table = torch.zeros(world * width, dtype=torch.int64)
+    comm.all_gather(table, mine, group=group)
+    table = table.view(world, width)
+    differs = (table != table[0]).any(dim=0).nonzero()
+    if differs.numel():
+        k = int(differs[0])
+        here = entries[k] if k < len(entries) else "nothing (this rank has fewer parameters/buffers)"
+        agree = [r for r in range(world) if int(table[r, k]) == int(mine[k])]
+        raise RuntimeError(
+            f"DDP: ranks built different models. Entry #{k} differs across ranks; this rank has {here}; "
+            f"ranks {agree} (of {world}) agree with this rank. Every rank must construct the same module "
+            f"(same parameter names, shapes and dtypes, in the same order) before wrapping it in DDP.")

@@ -1,0 +1,227 @@
+"""The reducer: from "a gradient was accumulated" to "param.grad holds the average".
+
+Follow one gradient:
+
+1. autograd accumulates into ``p.grad`` and runs ``p``'s post-accumulate-grad
+   hook (registered below) -> ``_on_grad_ready(i)``;
+2. ``_mark_ready(i)`` copies ``p.grad`` into its slot of its bucket's flat
+   buffer (or, with gradient_as_bucket_view, ``p.grad`` already *is* that
+   slot) and counts the bucket down;
+3. when the count hits zero the bucket is FULL, and ``_launch_full_buckets``
+   hands every FULL bucket, in bucket order, to the comm hook, which starts an
+   async all_reduce and returns a future. Backward keeps running meanwhile;
+4. at the end of backward the autograd engine runs ``_finalize_backward``
+   (queued with ``Variable._execution_engine.queue_callback`` by the first
+   hook of the backward): it waits on every future and writes the averages
+   back into ``p.grad``.
+
+Why launch strictly in bucket order: gloo and NCCL match collectives by the
+order in which each rank issues them. If rank 0 launched bucket 2 before
+bucket 1 and rank 1 the other way round, they would sum different buckets.
+
+Why rebuild the buckets once: the initial reverse-registration order is only a
+guess of the order in which gradients become ready. The first backward records
+the real order; before the next forward the buckets are rebuilt in that order
+(rank 0's, broadcast, so every rank builds the same buckets).
+
+No host synchronisation on the hot path: copies, zero fills and the launch are
+all device ops; the only waits are the futures at the end of backward (on
+NCCL, a stream wait). find_unused_parameters adds one small blocking
+all_reduce of a "used" bitmap at the end of backward, as in torch.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from minidist import comm
+from minidist.ddp.bucket import FIRST_BUCKET_BYTES, Bucket, BucketState, MiB, assign_buckets
+from minidist.ddp.comm_hooks import allreduce_hook
+
+
+@dataclass(frozen=True)
+class ReducerPolicy:
+    """How gradients are bucketed and reduced (the knobs of torch's DDP, grouped)."""
+
+    bucket_cap_mb: float = 25.0
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = False
+
+    @property
+    def bucket_cap_bytes(self) -> int:
+        return max(1, int(self.bucket_cap_mb * MiB))
+
+
+class Reducer:
+    """Owns the buckets, the per-parameter hooks and the end-of-backward wait."""
+
+    def __init__(self, params: list[nn.Parameter], names: list[str], policy: ReducerPolicy,
+                 process_group: dist.ProcessGroup | None = None):
+        assert len(params) == len(set(map(id, params))), "parameters must be unique (tied weights once)"
+        self.params = params
+        self.names = names
+        self.policy = policy
+        self.group = process_group
+        self.comm_hook: Callable[[Any, Bucket], torch.futures.Future] = allreduce_hook
+        self.hook_state: Any = process_group
+        self.sync = True
+        """Whether the coming backward reduces (False under DDP.no_sync())."""
+        self.buckets: list[Bucket] = []
+        self._slot: list[tuple[int, int]] = []
+        """Parameter i lives in buckets[b].views[j] for (b, j) = _slot[i]."""
+        self._ready = [False] * len(params)
+        self._used = [False] * len(params)
+        """Got a gradient since the last synced backward (no_sync iterations included)."""
+        self._next_launch = 0
+        self._in_backward = False
+        self._backwards_started = 0
+        self._ready_order: list[int] = []
+        self.num_rebuilds = 0
+        self._build(list(reversed(range(len(params)))))
+        ref = weakref.ref(self)  # hooks must not keep a discarded DDP alive
+        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(params)]
+
+    # ---------------------------------------------------------------- layout
+    def _build(self, order: list[int]) -> None:
+        """(Re)create the buckets for parameters taken in `order` (indices into self.params)."""
+        groups = assign_buckets([self.params[i] for i in order], self.policy.bucket_cap_bytes,
+                                min(FIRST_BUCKET_BYTES, self.policy.bucket_cap_bytes))
+        self.buckets = []
+        self._slot = [(-1, -1)] * len(self.params)
+        for b, members in enumerate(groups):
+            ids = [order[k] for k in members]
+            self.buckets.append(Bucket(b, [self.params[i] for i in ids], ids, is_last=b == len(groups) - 1))
+            for j, i in enumerate(ids):
+                self._slot[i] = (b, j)
+        if self.policy.gradient_as_bucket_view:  # existing grads move into the new buckets
+            for i, p in enumerate(self.params):
+                if p.grad is not None:
+                    view = self._view(i)
+                    view.copy_(p.grad)
+                    p.grad = view
+
+    def _view(self, i: int) -> torch.Tensor:
+        b, j = self._slot[i]
+        return self.buckets[b].views[j]
+
+    def bucket_param_names(self) -> list[list[str]]:
+        return [[self.names[i] for i in b.param_ids] for b in self.buckets]
+
+    def prepare_for_forward(self, sync: bool) -> None:
+        """Called by DDP.forward: rebuild buckets once in ready order, remember whether to sync."""
+        self.sync = sync
+        if self.num_rebuilds == 0 and len(self._ready_order) == len(self.params):
+            order = torch.tensor(self._ready_order, dtype=torch.int64)
+            src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+            comm.broadcast(order, src=src, group=self.group)  # everyone builds rank 0's buckets
+            self._build(order.tolist())
+            self.num_rebuilds += 1
+            self._ready_order = []
+
+    # ---------------------------------------------------------------- backward
+    def _on_grad_ready(self, i: int) -> None:
+        self._used[i] = True
+        if not self.sync:
+            return  # no_sync: p.grad just accumulates locally
+        if not self._in_backward:
+            self._in_backward = True
+            self._backwards_started += 1
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+        self._mark_ready(i)
+
+    def _mark_ready(self, i: int) -> None:
+        if self._ready[i]:
+            raise RuntimeError(f"DDP: parameter '{self.names[i]}' received its gradient twice in one backward "
+                               f"(reentrant backward or a second backward through the same graph); "
+                               f"minidist.DDP supports one gradient per parameter per synced backward.")
+        self._ready[i] = True
+        if self.num_rebuilds == 0:
+            self._ready_order.append(i)
+        p, (b, j) = self.params[i], self._slot[i]
+        bucket, view = self.buckets[b], self.buckets[b].views[j]
+        g = p.grad
+        if g is None:
+            view.zero_()  # unused this iteration (find_unused_parameters)
+        elif not (g.data_ptr() == view.data_ptr() and g.shape == view.shape):
+            view.copy_(g)
+            if self.policy.gradient_as_bucket_view:
+                p.grad = view  # from now on autograd accumulates straight into the bucket
+        if bucket.mark_ready():
+            self._launch_full_buckets()
+
+    def _launch_full_buckets(self) -> None:
+        """Launch every FULL bucket from the next one in order; stop at the first still FILLING."""
+        while self._next_launch < len(self.buckets) and self.buckets[self._next_launch].state is BucketState.FULL:
+            bucket = self.buckets[self._next_launch]
+            bucket.launch(self.comm_hook(self.hook_state, bucket))
+            self._next_launch += 1
+
+    def _finalize_backward(self) -> None:
+        """End of backward: complete the unused, wait for every bucket, write the averages to p.grad."""
+        try:
+            missing = [i for i, r in enumerate(self._ready) if not r]
+            if missing and not self.policy.find_unused_parameters:
+                names = ", ".join(f"'{self.names[i]}'" for i in missing[:8]) + (" ..." if len(missing) > 8 else "")
+                self._abandon()
+                raise RuntimeError(
+                    f"DDP: {len(missing)} parameter(s) that require grad received no gradient in this backward: "
+                    f"{names}. Every rank must produce a gradient for every bucketed parameter, or the "
+                    f"all_reduce of their bucket never completes. If they are legitimately unused in some "
+                    f"iterations, construct DDP(..., find_unused_parameters=True); if they are never trained, "
+                    f"set requires_grad=False on them.")
+            for i in missing:
+                self._mark_ready(i)  # its local grad (accumulated under no_sync) or zeros
+            globally_used = self._globally_used() if self.policy.find_unused_parameters else None
+            for bucket in self.buckets:
+                bucket.finish()
+                for i, view in zip(bucket.param_ids, bucket.views):
+                    if globally_used is not None and not globally_used[i]:
+                        continue  # no rank used it: leave p.grad alone, as a single process would
+                    self._write_grad(self.params[i], view)
+            for bucket in self.buckets:
+                bucket.reset()
+        finally:
+            self._ready = [False] * len(self.params)
+            self._used = [False] * len(self.params)
+            self._next_launch = 0
+            self._in_backward = False
+
+    def _globally_used(self) -> list[bool]:
+        """One small all_reduce: did any rank give parameter i a gradient since the last sync?"""
+        used = torch.tensor(self._used, dtype=torch.int32, device=self.buckets[0].flat.device)
+        comm.all_reduce(used, comm.ReduceOp.SUM, group=self.group)
+        return (used > 0).tolist()
+
+    def _write_grad(self, p: nn.Parameter, view: torch.Tensor) -> None:
+        if self.policy.gradient_as_bucket_view:
+            p.grad = view  # already the reduced bucket; a no-op when it was already the view
+        elif p.grad is None:
+            p.grad = view.clone()
+        else:
+            p.grad.copy_(view)
+
+    def _abandon(self) -> None:
+        """Error path: wait out launched work (no Work left referenced), reset for the next iteration."""
+        for bucket in self.buckets:
+            bucket.abandon()
+            bucket.reset()
+        self._ready_order = []
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def _make_hook(ref: weakref.ref, i: int):
+    def hook(_param: torch.Tensor) -> None:
+        reducer = ref()
+        if reducer is not None:
+            reducer._on_grad_ready(i)
+    return hook
