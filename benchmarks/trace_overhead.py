@@ -1,0 +1,45 @@
+"""What minidist.comm costs over torch.distributed when no trace is active, and when one is.
+
+    .venv/bin/python benchmarks/trace_overhead.py
+
+A world of one (no network), tiny tensors: the numbers are per-call Python
+overhead, the only thing tracing can add. Runs alternate between variants.
+"""
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from minidist import comm, runtime
+
+
+def per_call_us(fn, calls: int = 2000) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main() -> None:
+    with runtime.distributed("gloo"):
+        x = torch.zeros(1)
+        variants = {
+            "torch.distributed.all_reduce": lambda: dist.all_reduce(x),
+            "minidist.comm.all_reduce, no trace": lambda: comm.all_reduce(x),
+        }
+        samples = {name: [] for name in [*variants, "minidist.comm.all_reduce, traced"]}
+        for _ in range(7):
+            for name, fn in variants.items():
+                samples[name].append(per_call_us(fn))
+            with comm.trace():
+                samples["minidist.comm.all_reduce, traced"].append(per_call_us(lambda: comm.all_reduce(x)))
+        base = statistics.median(samples["torch.distributed.all_reduce"])
+        for name, s in samples.items():
+            med = statistics.median(s)
+            print(f"{name:40} {med:8.2f} us/call   {med - base:+7.2f} us vs torch")
+
+
+if __name__ == "__main__":
+    main()
