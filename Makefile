@@ -13,10 +13,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 train: $(STAMP)
-	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m recipes.train $(ARGS)
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m recipes.train $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 tour: $(STAMP)
-	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) recipes/collectives_tour.py
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) recipes/collectives_tour.py
