@@ -1,0 +1,43 @@
+"""Bucket assignment and the bucket lifecycle, in one process."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from minidist.ddp.bucket import Bucket, BucketState, MiB, assign_buckets
+
+
+def _p(n, dtype=torch.float32):
+    return nn.Parameter(torch.zeros(n, dtype=dtype))
+
+
+def test_caps_first_bucket_and_dtypes():
+    params = [_p(100), _p(100), _p(100), _p(50, torch.float64), _p(300), _p(100)]
+    # cap 800 B (200 floats), first bucket 400 B (100 floats)
+    groups = assign_buckets(params, bucket_cap_bytes=800, first_bucket_bytes=400)
+    assert groups == [[0], [1, 2], [3], [4], [5]]
+    for g in groups:
+        assert len({params[i].dtype for i in g}) == 1, "one dtype per bucket"
+    sizes = [sum(params[i].numel() * params[i].element_size() for i in g) for g in groups]
+    assert sizes[0] <= 400 and all(s <= 800 or len(g) == 1 for s, g in zip(sizes, groups))
+
+
+def test_tiny_and_huge_caps():
+    params = [_p(n) for n in (7, 13, 29, 31)]
+    assert assign_buckets(params, 1, 1) == [[0], [1], [2], [3]]
+    assert assign_buckets(params, 1000 * MiB) == [[0, 1, 2, 3]]
+
+
+def test_lifecycle_asserts_order():
+    b = Bucket(0, [_p(3), _p(4)], [0, 1], is_last=True)
+    assert b.flat.numel() == 7 and b.views[1].data_ptr() == b.flat[3:].data_ptr()
+    with pytest.raises(AssertionError):
+        b.launch(torch.futures.Future())  # not FULL yet
+    assert not b.mark_ready() and b.mark_ready() and b.state is BucketState.FULL
+    fut = torch.futures.Future()
+    b.launch(fut)
+    fut.set_result(torch.arange(7.0))
+    b.finish()
+    assert b.state is BucketState.REDUCED and b.views[1].tolist() == [3.0, 4.0, 5.0, 6.0]
+    b.reset()
+    assert b.state is BucketState.FILLING and b.pending == 2
