@@ -1,0 +1,389 @@
+"""Typed schemas for every Hydra config group, and composition with one-line errors.
+
+The yaml files under configs/ say *which values* a preset uses; the dataclasses
+here say *which keys exist and what type each has*. Each yaml file starts with
+
+    defaults:
+      - /schema/strategy/ddp@_here_
+
+so Hydra merges it onto its schema: an unknown key or a value of the wrong type
+fails at composition, before any process group exists, instead of deep inside
+training. `compose_config()` turns Hydra's multi-line errors into one line that
+names the key and what would have been valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+class Precision(enum.Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class WandbMode(enum.Enum):
+    offline = "offline"
+    disabled = "disabled"
+    online = "online"
+
+
+class Backend(enum.Enum):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class DType(enum.Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+# ----------------------------------------------------------------- strategy
+@dataclass
+class SingleStrategy:
+    """One process, no wrapper: the reference every other strategy must match."""
+
+    name: str = "single"
+    """Strategy name (set by the preset; do not override)."""
+
+
+@dataclass
+class DDPStrategy:
+    """minidist.DDP: every rank holds the whole model; gradients are all-reduced in buckets."""
+
+    name: str = "ddp"
+    """Strategy name (set by the preset; do not override)."""
+    bucket_cap_mb: float = 25.0
+    """Gradient bytes per all_reduce bucket, in MiB: bigger = fewer, later collectives."""
+    find_unused_parameters: bool = False
+    """Tolerate parameters that get no gradient in a step (costs a graph walk per step)."""
+    gradient_as_bucket_view: bool = False
+    """Let .grad alias the bucket buffer (saves one gradient-sized copy)."""
+    broadcast_buffers: bool = True
+    """Broadcast buffers (BatchNorm statistics) from rank 0 before every forward."""
+    comm_hook: Optional[str] = None
+    """'module:function' of a DDP communication hook, or null for plain all_reduce."""
+
+
+@dataclass
+class Zero1Strategy(DDPStrategy):
+    """ZeRO-1: DDP for gradients plus minidist.ShardedOptimizer (each rank keeps 1/N of the state)."""
+
+    name: str = "zero1"
+    """Strategy name (set by the preset; do not override)."""
+
+
+@dataclass
+class FSDPStrategy:
+    """minidist.FSDP: parameters, gradients (and optimizer state) sharded over ranks."""
+
+    name: str = "full_shard"
+    """Sharding strategy: full_shard, shard_grad_op, no_shard or hybrid_shard (set by the preset)."""
+    wrap_blocks: bool = True
+    """Make every repeated block of the model (GPT Block, ResNet BasicBlock) its own FSDP unit."""
+    forward_prefetch: bool = True
+    """Issue the next unit's all_gather before this unit's forward finishes."""
+    backward_prefetch: bool = True
+    """Issue the previous unit's all_gather before this unit's backward finishes."""
+    max_inflight_all_gathers: int = 2
+    """All-gathered units allowed in memory at once (bounds memory when compute is slow)."""
+    param_dtype: Optional[DType] = None
+    """Dtype parameters are all-gathered and computed in (null = their own)."""
+    reduce_dtype: Optional[DType] = None
+    """Dtype gradients are reduce-scattered in (null = param_dtype)."""
+
+
+@dataclass
+class HybridShardStrategy(FSDPStrategy):
+    """FSDP within groups of shard_size ranks, DDP-style all_reduce across the groups."""
+
+    name: str = "hybrid_shard"
+    """Strategy name (set by the preset; do not override)."""
+    shard_size: Optional[int] = None
+    """Ranks per shard group (null = processes per node, LOCAL_WORLD_SIZE)."""
+
+
+# -------------------------------------------------------------------- model
+@dataclass
+class GPTModel:
+    """minidist.models.GPT, a byte-level decoder-only transformer."""
+
+    name: str = "gpt"
+    """Model name (set by the preset)."""
+    vocab_size: int = 256
+    """Tokens; 256 for byte-level text."""
+    block_size: int = 128
+    """Context length in tokens (one training sample)."""
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads; must divide n_embd."""
+    n_embd: int = 128
+    """Residual stream width."""
+    dropout: float = 0.0
+    """Dropout probability (0 keeps CPU runs bitwise reproducible)."""
+
+
+@dataclass
+class ResNetModel:
+    """torchvision resnet18 adapted to 32x32 images: 3x3 stem, no max-pool."""
+
+    name: str = "resnet18"
+    """Model name (set by the preset)."""
+    num_classes: int = 10
+    """Output classes."""
+
+
+# --------------------------------------------------------------------- data
+@dataclass
+class StdlibData:
+    """This interpreter's own standard library source and docs, as bytes: always there."""
+
+    source: str = "stdlib"
+    """Data source (set by the preset)."""
+    max_bytes: int = 4_000_000
+    """Cap on the corpus size; files are taken in sorted path order until it is reached."""
+    val_percent: int = 5
+    """Percent of files (chosen by a hash of their path) held out for validation."""
+
+
+@dataclass
+class Cifar10Data:
+    """CIFAR-10 through torchvision (downloaded if allowed and online)."""
+
+    source: str = "cifar10"
+    """Data source (set by the preset)."""
+    root: str = "data/cifar10"
+    """Directory holding (or to receive) cifar-10-batches-py."""
+    download: bool = True
+    """Try to download when root does not hold the data."""
+    augment: bool = True
+    """Random crop (pad 4) and horizontal flip on training images."""
+
+
+@dataclass
+class SyntheticData:
+    """Generated on the fly: learnable random tokens or images, for tests and benchmarks."""
+
+    source: str = "synthetic"
+    """Data source (set by the preset)."""
+    train_samples: int = 4096
+    """Samples in the training split."""
+    val_samples: int = 512
+    """Samples in the validation split."""
+    seed: int = 1234
+    """Seed of the generating process (same on every rank)."""
+
+
+# -------------------------------------------------------------------- optim
+@dataclass
+class AdamWOptim:
+    """torch.optim.AdamW with linear warmup then cosine decay."""
+
+    name: str = "adamw"
+    """Optimizer name (set by the preset)."""
+    lr: float = 3e-3
+    """Peak learning rate, reached after warmup_steps."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam's moment decay rates."""
+    eps: float = 1e-8
+    """Adam's denominator epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+    warmup_steps: int = 50
+    """Steps of linear warmup from 0 to lr."""
+    min_lr_ratio: float = 0.1
+    """Cosine decays lr to lr * min_lr_ratio at the last step."""
+
+
+@dataclass
+class SGDOptim:
+    """torch.optim.SGD with momentum, linear warmup then cosine decay."""
+
+    name: str = "sgd"
+    """Optimizer name (set by the preset)."""
+    lr: float = 0.1
+    """Peak learning rate."""
+    momentum: float = 0.9
+    """Momentum factor."""
+    nesterov: bool = True
+    """Nesterov momentum."""
+    weight_decay: float = 5e-4
+    """L2 weight decay."""
+    warmup_steps: int = 50
+    """Steps of linear warmup."""
+    min_lr_ratio: float = 0.0
+    """Final lr as a fraction of the peak."""
+
+
+# ------------------------------------------------------------------ trainer
+@dataclass
+class TrainerConfig:
+    """The training loop."""
+
+    steps: int = 1000
+    """Optimizer steps in the run."""
+    batch_size: int = 16
+    """Samples per rank per micro-batch (global batch = batch_size * grad_accum * world)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (gradients are reduced only on the last one)."""
+    precision: Precision = Precision.fp32
+    """fp32, or bf16 autocast for the forward pass."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    log_interval: int = 10
+    """Steps between log lines / metrics rows (one of them also traces its collectives)."""
+    eval_interval: int = 200
+    """Steps between validation passes (0: only at the end)."""
+    eval_batches: int = 20
+    """Validation micro-batches per rank at intermediate evaluations (the final one uses all)."""
+    ckpt_interval: int = 0
+    """Steps between checkpoints (0: none)."""
+    keep_last: int = 2
+    """Complete checkpoints to keep."""
+    seed: int = 0
+    """Seed of the model init, the data order and every RNG."""
+    sample_bytes: int = 200
+    """Length of the text sample printed at the end (GPT only; 0 disables)."""
+    progress_bar: bool = True
+    """tqdm bar on rank 0."""
+    stop_after: Optional[int] = None
+    """Stop (as if killed, after checkpointing) once this step is done: tests resume."""
+    crash_at_step: Optional[int] = None
+    """Fault injection: rank 0 raises at this step once per run dir (a marker remembers)."""
+
+
+@dataclass
+class WandbLogger:
+    """Weights & Biases, offline by default: files in <run dir>/wandb, never the network."""
+
+    mode: WandbMode = WandbMode.offline
+    """offline (files only), disabled, or online."""
+    project: str = "minidist"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team or user); null = default."""
+    tags: list[str] = field(default_factory=list)
+    """Run tags."""
+
+
+# --------------------------------------------------------------------- root
+@dataclass
+class RunConfig:
+    """Top level: the groups plus where the run lives."""
+
+    strategy: Any = MISSING
+    """Parallelism: single, ddp, zero1, shard_grad_op, full_shard, hybrid_shard."""
+    model: Any = MISSING
+    """gpt or resnet18."""
+    data: Any = MISSING
+    """stdlib, cifar10 or synthetic."""
+    optim: Any = MISSING
+    """adamw or sgd."""
+    trainer: Any = MISSING
+    """The loop: steps, batch, precision, intervals."""
+    logger: Any = MISSING
+    """wandb settings."""
+    name: Optional[str] = None
+    """Run name; output goes to <out_dir>/<name>. null = <model>-<strategy>-<timestamp> (rank 0 picks it)."""
+    out_dir: str = "outputs"
+    """Parent directory of run directories."""
+    resume: str = "never"
+    """'never', 'auto' (latest complete checkpoint of this run, if any) or a checkpoint directory."""
+    backend: Backend = Backend.auto
+    """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
+    timeout_s: float = 300.0
+    """Seconds any collective may wait before the run fails instead of hanging."""
+
+
+GROUPS: dict[str, dict[str, type]] = {
+    "strategy": {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": Zero1Strategy,
+                 "shard_grad_op": FSDPStrategy, "full_shard": FSDPStrategy, "no_shard": FSDPStrategy,
+                 "hybrid_shard": HybridShardStrategy},
+    "model": {"gpt": GPTModel, "resnet18": ResNetModel},
+    "data": {"stdlib": StdlibData, "cifar10": Cifar10Data, "synthetic": SyntheticData},
+    "optim": {"adamw": AdamWOptim, "sgd": SGDOptim},
+    "trainer": {"default": TrainerConfig},
+    "logger": {"wandb": WandbLogger},
+}
+
+
+def register_schemas() -> None:
+    """Put every schema in Hydra's ConfigStore under schema/<group>/<name> (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="schema_root", node=RunConfig)
+    for group, options in GROUPS.items():
+        for name, node in options.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+class ConfigError(ValueError):
+    """A configuration that does not compose; the message is one line."""
+
+
+_SCHEMAS = {cls.__name__: cls for opts in GROUPS.values() for cls in opts.values()} | {"RunConfig": RunConfig}
+
+
+def _one_line(exc: BaseException) -> str:
+    """Hydra/OmegaConf's error, as one line naming the key and the valid choices."""
+    from hydra.errors import MissingConfigException
+
+    cause = exc.__cause__ or exc
+    key = getattr(cause, "full_key", None)
+    obj = getattr(cause, "object_type", None)
+    if isinstance(exc, MissingConfigException) or "Could not find" in str(exc):
+        text = str(exc)
+        head = text.splitlines()[0]
+        opts = [ln.strip() for ln in text.split("Available options", 1)[-1].splitlines()[1:]
+                if ln.startswith("\t") and "provider=" not in ln and ln.strip()]
+        return f"{head.split(': ', 1)[-1]}; valid choices: {', '.join(opts)}" if opts else head
+    if key and obj is not None and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
+        schema = _SCHEMAS.get(getattr(obj, "__name__", ""), obj)
+        valid = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
+        return f"unknown key '{key}'; valid keys here: {', '.join(valid)}"
+    if key:
+        msg = str(cause).splitlines()[0]
+        return f"bad value for '{key}': {msg}"
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and "provider=" not in line)
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose configs/config.yaml with command-line style overrides; raise ConfigError (one line)."""
+    from hydra import compose, initialize_config_dir
+
+    register_schemas()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+    except Exception as exc:  # noqa: BLE001 - Hydra raises many kinds; all become one line
+        raise ConfigError(_one_line(exc)) from exc
+    check(cfg)
+    return cfg
+
+
+def check(cfg: DictConfig) -> None:
+    """Cross-group rules the schemas cannot express."""
+    model, data = cfg.model.name, cfg.data.source
+    if model == "gpt" and data == "cifar10":
+        raise ConfigError("model=gpt needs token data: use data=stdlib or data=synthetic")
+    if model == "resnet18" and data == "stdlib":
+        raise ConfigError("model=resnet18 needs images: use data=cifar10 or data=synthetic")
+    if cfg.resume not in ("never", "auto") and not Path(cfg.resume).is_dir():
+        raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
+    if cfg.trainer.steps < 1 or cfg.trainer.batch_size < 1 or cfg.trainer.grad_accum < 1:
+        raise ConfigError("trainer.steps, trainer.batch_size and trainer.grad_accum must be >= 1")
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)

@@ -1,0 +1,247 @@
+"""Datasets the recipes train on, and the per-rank stream of batches.
+
+Three sources, all in memory as tensors (they are small):
+
+  stdlib     this interpreter's standard library source (+ pydoc's topic docs), as bytes:
+             always present, no download. Byte-level, so vocab = 256.
+  cifar10    torchvision's CIFAR-10, downloaded when allowed and online.
+  synthetic  generated from a seed: tokens from a noisy fixed permutation chain, or
+             images whose class decides a mean pattern. Learnable, so loss falls.
+
+Sharding (BatchStream): each epoch, one permutation of all sample indices is drawn
+from (seed, epoch) - the same on every rank - and rank r takes every world-th
+index starting at r. The tail that does not fill a whole batch on *every* rank
+is dropped, so all ranks run the same number of steps: a rank that ran out of
+data one step early would leave the others waiting forever in their all_reduce.
+The stream's position (epoch, batch) is all a checkpoint needs to continue it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minidist import comm
+
+_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "encodings", "lib2to3"}
+TOPICS = "pydoc_data/topics.py"
+
+
+# ------------------------------------------------------------------- sources
+def stdlib_files(max_bytes: int) -> list[tuple[str, bytes]]:
+    """(relative path, bytes) of the corpus: pydoc's topics first, then *.py in sorted order, up to max_bytes."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(p for p in root.rglob("*.py") if not (set(p.relative_to(root).parts[:-1]) & _SKIP_DIRS))
+    paths.sort(key=lambda p: p.relative_to(root).as_posix() != TOPICS)  # stable: docs first
+    out, total = [], 0
+    for p in paths:
+        data = p.read_bytes()
+        if total + len(data) > max_bytes:
+            if total:
+                continue  # skip files that overflow; smaller later ones may still fit
+            data = data[:max_bytes]
+        out.append((p.relative_to(root).as_posix(), data))
+        total += len(data)
+    if not out:
+        raise RuntimeError(f"no standard-library sources found under {root}")
+    return out
+
+
+def is_validation(relpath: str, val_percent: int) -> bool:
+    """A file belongs to validation when the hash of its path falls below val_percent (stable across runs)."""
+    return int.from_bytes(hashlib.md5(relpath.encode()).digest()[:4], "little") % 100 < val_percent
+
+
+def stdlib_corpus(max_bytes: int, val_percent: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train and validation byte tensors (uint8, 1-D) of the standard-library corpus."""
+    train, val = bytearray(), bytearray()
+    for rel, data in stdlib_files(max_bytes):
+        (val if is_validation(rel, val_percent) else train).extend(data)
+    if not val:
+        raise RuntimeError(f"data.val_percent={val_percent} left the validation split empty; raise it")
+    as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8).clone()  # noqa: E731
+    return as_tensor(train), as_tensor(val)
+
+
+def unigram_bits_per_byte(data: torch.Tensor) -> float:
+    """Entropy of the byte histogram, in bits: the loss of the best model that ignores context."""
+    p = torch.bincount(data.long(), minlength=256).double()
+    p = p[p > 0] / p.sum()
+    return float(-(p * p.log2()).sum())
+
+
+def synthetic_tokens(n_tokens: int, vocab: int, seed: int) -> torch.Tensor:
+    """A chain: next = perm[cur] with probability 0.9, else a uniform token. Learnable; ~0.5 nats floor."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(vocab, generator=g)
+    perm = perm.tolist()
+    noise = torch.randint(vocab, (n_tokens,), generator=g).tolist()
+    keep = (torch.rand(n_tokens, generator=g) < 0.9).tolist()
+    out = [noise[0]]
+    for i in range(1, n_tokens):  # sequential by nature: plain Python lists are fastest here
+        out.append(perm[out[-1]] if keep[i] else noise[i])
+    return torch.tensor(out)
+
+
+def synthetic_images(n: int, num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (n, 3, 32, 32) = class pattern + noise, and labels (n,)."""
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.randn(num_classes, 3, 32, 32, generator=g)
+    labels = torch.randint(num_classes, (n,), generator=g)
+    return patterns[labels] + 2.0 * torch.randn(n, 3, 32, 32, generator=g), labels
+
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+
+def cifar10(root: str, download: bool, group=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """CIFAR-10 as normalised float tensors. Rank 0 downloads; every rank learns whether it worked."""
+    import torch.distributed as dist
+    from torchvision.datasets import CIFAR10
+
+    def load():
+        return {split: CIFAR10(root, train=(split == "train"), download=download and dist.get_rank() == 0)
+                for split in ("train", "val")}
+
+    err = ""
+    if dist.get_rank() == 0:
+        try:
+            load()
+        except Exception as exc:  # noqa: BLE001 - offline, missing or corrupt: one message
+            err = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    failed = torch.tensor([1 if err else 0])
+    comm.broadcast(failed, src=0, group=group)
+    if failed.item():
+        how = ("download failed (is this machine offline?)" if download else "data.download=false")
+        raise RuntimeError(
+            f"CIFAR-10 is not under data.root={root!r} and {how}; point data.root at a directory holding "
+            f"cifar-10-batches-py (a local copy), or set data.download=true on a machine with internet [{err}]")
+    out = {}
+    mean, std = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+    for split, ds in load().items():
+        x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float().div_(255)
+        out[split] = ((x - mean) / std, torch.tensor(ds.targets))
+    return out
+
+
+# ------------------------------------------------------------------ datasets
+class TokenWindows:
+    """Non-overlapping windows of block_size+1 tokens: x = window[:-1], y = window[1:]."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int):
+        self.tokens, self.block = tokens.long(), block_size
+        self.n = (len(tokens) - 1) // block_size
+        if self.n < 1:
+            raise ValueError(f"{len(tokens)} tokens do not fill one block of {block_size}")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def get(self, idx: torch.Tensor, generator: torch.Generator | None = None):
+        rows = idx.view(-1, 1) * self.block + torch.arange(self.block + 1).view(1, -1)  # (b, block+1)
+        w = self.tokens[rows]
+        return w[:, :-1], w[:, 1:]
+
+
+class Images:
+    """Images (N, 3, 32, 32) and labels, with optional random crop (pad 4) + flip on get()."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, augment: bool = False):
+        self.x, self.y, self.augment = x, y, augment
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def get(self, idx: torch.Tensor, generator: torch.Generator | None = None):
+        x, y = self.x[idx], self.y[idx]
+        if self.augment and generator is not None:
+            b = len(idx)
+            padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
+            dx, dy = torch.randint(9, (2, b), generator=generator)
+            x = torch.stack([padded[i, :, dy[i]:dy[i] + 32, dx[i]:dx[i] + 32] for i in range(b)])
+            flip = torch.rand(b, generator=generator) < 0.5
+            x[flip] = x[flip].flip(-1)
+        return x, y
+
+
+# ------------------------------------------------------------------- stream
+@dataclass
+class StreamPosition:
+    epoch: int = 0
+    batch: int = 0
+
+
+class BatchStream:
+    """This rank's endless sequence of batches: disjoint shards, reshuffled every epoch."""
+
+    def __init__(self, dataset, batch_size: int, rank: int, world: int, seed: int, shuffle: bool = True):
+        self.ds, self.bs, self.rank, self.world, self.seed, self.shuffle = dataset, batch_size, rank, world, seed, shuffle
+        self.per_rank = len(dataset) // world
+        self.batches_per_epoch = self.per_rank // batch_size
+        if self.batches_per_epoch < 1:
+            raise ValueError(f"{len(dataset)} samples cannot give every one of {world} ranks a batch of "
+                             f"{batch_size}; lower trainer.batch_size or use more data")
+        self.pos = StreamPosition()
+        self._order: torch.Tensor | None = None
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        n = len(self.ds)
+        order = (torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+                 if self.shuffle else torch.arange(n))
+        return order[self.rank:self.per_rank * self.world:self.world]  # rank r: r, r+W, ...; same length everywhere
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._order is None:
+            self._order = self._epoch_order(self.pos.epoch)
+        b = self.pos.batch
+        idx = self._order[b * self.bs:(b + 1) * self.bs]
+        g = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.pos.epoch) * 1_000_003 + b) * 1009 + self.rank)
+        batch = self.ds.get(idx, g)
+        self.pos.batch += 1
+        if self.pos.batch == self.batches_per_epoch:
+            self.pos, self._order = StreamPosition(self.pos.epoch + 1, 0), None
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.pos.epoch, "batch": self.pos.batch}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.pos, self._order = StreamPosition(int(sd["epoch"]), int(sd["batch"])), None
+
+    def one_pass(self, max_batches: int | None = None):
+        """Validation: this rank's shard in a fixed order, at most max_batches batches (same count on every rank)."""
+        order = self._epoch_order(0)
+        n = self.batches_per_epoch if max_batches is None else min(max_batches, self.batches_per_epoch)
+        for b in range(n):
+            yield self.ds.get(order[b * self.bs:(b + 1) * self.bs])
+
+
+def build_datasets(cfg, topo) -> tuple[object, object, dict]:
+    """(train dataset, val dataset, info) for cfg.data and cfg.model. info: e.g. the unigram baseline."""
+    d, m = cfg.data, cfg.model
+    info: dict = {}
+    if d.source == "stdlib":
+        train, val = stdlib_corpus(d.max_bytes, d.val_percent)
+        info = {"train_bytes": len(train), "val_bytes": len(val), "unigram_bpb": unigram_bits_per_byte(train)}
+        return TokenWindows(train, m.block_size), TokenWindows(val, m.block_size), info
+    if d.source == "synthetic" and m.name == "gpt":
+        n_train, n_val = d.train_samples * m.block_size + 1, d.val_samples * m.block_size + 1
+        toks = synthetic_tokens(n_train + n_val, m.vocab_size, d.seed)
+        return TokenWindows(toks[:n_train], m.block_size), TokenWindows(toks[n_train:], m.block_size), info
+    if d.source == "synthetic":
+        x, y = synthetic_images(d.train_samples + d.val_samples, m.num_classes, d.seed)
+        k = d.train_samples
+        return Images(x[:k], y[:k]), Images(x[k:], y[k:]), info
+    if d.source == "cifar10":
+        splits = cifar10(d.root, d.download, topo.group)
+        return Images(*splits["train"], augment=d.augment), Images(*splits["val"]), info
+    raise ValueError(f"unknown data.source={d.source!r}")
+

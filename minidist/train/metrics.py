@@ -1,0 +1,116 @@
+"""What a run reports, on rank 0 only: a progress bar, metrics.jsonl, wandb, and a PNG at the end.
+
+Other ranks get a logger whose methods do nothing, so the loop calls the same
+methods everywhere and never writes a file from a non-zero rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from minidist.comm import Trace
+
+
+def comm_summary(trace: Trace) -> dict[str, float]:
+    """Per-op calls and bytes of one traced step, flat for metrics: comm/all_reduce_bytes, ..."""
+    out: dict[str, float] = {}
+    for op, row in trace.totals().items():
+        out[f"comm/{op}_calls"] = row["calls"]
+        out[f"comm/{op}_bytes"] = row["payload_bytes"]
+        out[f"comm/{op}_sent_bytes"] = row["sent_bytes"]
+    out["comm/sent_bytes"] = trace.sent_bytes
+    return out
+
+
+class NullLogger:
+    """Rank != 0: every report is a no-op."""
+
+    def progress(self, step: int, postfix: dict) -> None: ...
+    def log(self, row: dict) -> None: ...
+    def message(self, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class RunLogger(NullLogger):
+    """Rank 0: tqdm bar, <run>/metrics.jsonl (appended on resume), wandb (offline by default)."""
+
+    def __init__(self, run_dir: Path, cfg, start_step: int, total_steps: int, config_dict: dict, name: str):
+        from tqdm import tqdm
+
+        self.run_dir = run_dir
+        self.jsonl = open(run_dir / "metrics.jsonl", "a")
+        self.bar = tqdm(total=total_steps, initial=start_step, desc=name, dynamic_ncols=True,
+                        disable=not cfg.trainer.progress_bar, file=sys.stderr, mininterval=0.5)
+        self.wandb = None
+        mode = cfg.logger.mode.value
+        if mode != "disabled":
+            self.wandb = _init_wandb(run_dir, cfg.logger, mode, name, config_dict)
+
+    def progress(self, step: int, postfix: dict) -> None:
+        self.bar.n = step
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.refresh()
+
+    def log(self, row: dict) -> None:
+        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+    def message(self, text: str) -> None:
+        self.bar.write(text, file=sys.stdout)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.jsonl.close()
+        if self.wandb is not None:
+            self.wandb.finish(quiet=True) if "quiet" in self.wandb.finish.__code__.co_varnames else self.wandb.finish()
+            self.wandb = None
+
+
+def _init_wandb(run_dir: Path, logger_cfg, mode: str, name: str, config_dict: dict):
+    """wandb.init writing under <run dir>/wandb; offline never opens a socket to the W&B servers."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("WANDB_CONSOLE", "off")
+    os.environ.setdefault("WANDB_DISABLE_GIT", "true")
+    os.environ.setdefault("WANDB_DISABLE_CODE", "true")
+    import wandb
+
+    settings = wandb.Settings(silent=True, console="off", disable_git=True, disable_code=True, save_code=False,
+                              disable_job_creation=True, x_disable_stats=True, x_disable_machine_info=True)
+    return wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=name, id=name.replace("/", "-"),
+                      resume="allow", dir=str(run_dir), mode=mode, tags=list(logger_cfg.tags),
+                      config=config_dict, settings=settings)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot(run_dir: Path, unit: str) -> Path:
+    """loss (train, val) and throughput against step, from metrics.jsonl, as <run dir>/curves.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in rows if "train/loss" in r]
+    val = [r for r in rows if "val/loss" in r]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot([r["step"] for r in train], [r["train/loss"] for r in train], label="train")
+    if val:
+        ax1.plot([r["step"] for r in val], [r["val/loss"] for r in val], "o-", label="validation")
+    ax1.set(xlabel="step", ylabel="loss (nats)", title="loss")
+    ax1.legend()
+    key = f"train/{unit}_per_s"
+    ax2.plot([r["step"] for r in train if key in r], [r[key] for r in train if key in r])
+    ax2.set(xlabel="step", ylabel=f"{unit}/s (all ranks)", title="throughput")
+    fig.tight_layout()
+    out = run_dir / "curves.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

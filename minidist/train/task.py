@@ -1,0 +1,82 @@
+"""What is being learned: next-byte prediction (GPT) or image classification (ResNet).
+
+A task builds the model, turns a batch into a loss, and sums validation
+statistics so that ranks can add theirs up with one all_reduce.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LanguageModeling:
+    unit = "tokens"
+
+    def __init__(self, model_cfg):
+        self.cfg = model_cfg
+
+    def build(self) -> tuple[nn.Module, tuple[type, ...]]:
+        from minidist.models import GPT, Block, GPTConfig
+        c = self.cfg
+        return GPT(GPTConfig(vocab_size=c.vocab_size, block_size=c.block_size, n_layer=c.n_layer,
+                             n_head=c.n_head, n_embd=c.n_embd, dropout=c.dropout)), (Block,)
+
+    @staticmethod
+    def count(batch) -> int:
+        return batch[1].numel()
+
+    @staticmethod
+    def loss(model: nn.Module, batch) -> torch.Tensor:
+        return model(batch[0], batch[1])[1]
+
+    @staticmethod
+    def eval_sums(model: nn.Module, batch) -> torch.Tensor:
+        """[summed loss in nats, tokens]: summed so ranks can add them."""
+        logits, _ = model(batch[0])
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[1].reshape(-1), reduction="sum")
+        return torch.stack([loss.detach().double().cpu(), torch.tensor(float(batch[1].numel()), dtype=torch.float64)])
+
+    @staticmethod
+    def report(sums: torch.Tensor) -> dict[str, float]:
+        loss = float(sums[0] / sums[1])
+        return {"val/loss": loss, "val/bits_per_byte": loss / math.log(2)}
+
+
+class Classification:
+    unit = "samples"
+
+    def __init__(self, model_cfg):
+        self.cfg = model_cfg
+
+    def build(self) -> tuple[nn.Module, tuple[type, ...]]:
+        from minidist.models.resnet import BasicBlock, resnet18_cifar
+        return resnet18_cifar(self.cfg.num_classes), (BasicBlock,)
+
+    @staticmethod
+    def count(batch) -> int:
+        return len(batch[1])
+
+    @staticmethod
+    def loss(model: nn.Module, batch) -> torch.Tensor:
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    @staticmethod
+    def eval_sums(model: nn.Module, batch) -> torch.Tensor:
+        """[summed loss, samples, correct]."""
+        logits = model(batch[0]).float()
+        loss = F.cross_entropy(logits, batch[1], reduction="sum")
+        correct = (logits.argmax(-1) == batch[1]).sum()
+        return torch.stack([loss.detach().double().cpu(), torch.tensor(float(len(batch[1])), dtype=torch.float64),
+                            correct.double().cpu()])
+
+    @staticmethod
+    def report(sums: torch.Tensor) -> dict[str, float]:
+        return {"val/loss": float(sums[0] / sums[1]), "val/accuracy": float(sums[2] / sums[1])}
+
+
+def make_task(model_cfg):
+    return LanguageModeling(model_cfg) if model_cfg.name == "gpt" else Classification(model_cfg)

@@ -1,0 +1,44 @@
+"""The training recipe: Hydra configs in, a trained model, metrics and checkpoints out.
+
+    torchrun --standalone --nproc_per_node=2 -m recipes.train                 # the main job (ddp)
+    torchrun --standalone --nproc_per_node=2 -m recipes.train strategy=full_shard model.n_layer=6
+    python -m recipes.train strategy=single                                   # one process, no torchrun
+    python -m recipes.train --cfg                                             # print the composed config
+
+Arguments are Hydra overrides of configs/config.yaml (groups: strategy, model,
+data, optim, trainer, logger, experiment). The config is composed with Hydra's
+compose API, so Hydra itself writes nothing and changes no directory: every
+file of the run is written by rank 0 under <out_dir>/<name>/.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    from minidist import runtime
+    from minidist.train.config import ConfigError, compose_config, to_yaml
+
+    print_only = "--cfg" in args
+    try:
+        cfg = compose_config([a for a in args if a != "--cfg"])
+    except ConfigError as exc:
+        runtime.exit_on_error(exc)
+    if print_only:
+        print(to_yaml(cfg), end="")
+        return
+    from minidist.train.trainer import train
+
+    try:
+        with runtime.distributed(cfg.backend.value, cfg.timeout_s) as topo:
+            train(cfg, topo)
+    except KeyboardInterrupt:
+        runtime.exit_on_error(KeyboardInterrupt("interrupted"))
+    except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
+        runtime.exit_on_error(exc)
+
+
+if __name__ == "__main__":
+    main()
