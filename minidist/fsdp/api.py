@@ -1,0 +1,256 @@
+"""The public FSDP module: choose units, build their flat shards, pick a strategy.
+
+    model = FSDP(GPT(cfg), wrap={Block})
+    opt = torch.optim.AdamW(model.parameters())     # sees only this rank's shards
+    loss = model(x, y)[1]; loss.backward(); opt.step()
+
+Strategies (N ranks, S bytes of parameters; bytes sent per rank per step, ring model):
+
+    full_shard     ZeRO-3: params, grads, optimizer state sharded.     3 S (N-1)/N
+    shard_grad_op  ZeRO-2: params stay gathered from forward to         2 S (N-1)/N
+                   backward; grads and optimizer state sharded.
+    no_shard       every rank holds everything; all_reduce (= DDP).     2 S (N-1)/N
+    hybrid_shard   full_shard inside groups of G ranks, replicated across R = N/G groups:
+                   reduce_scatter in the shard group, all_reduce of the shard across replicas.
+
+Persistent memory per rank for fp32 AdamW (psi parameters): params 4 psi, grads 4 psi,
+Adam moments 8 psi; sharded, (4 + 4 + 8) psi / N (full_shard), 4 psi + 12 psi / N
+(shard_grad_op keeps params whole only between forward and backward, so also 16 psi / N
+between steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from minidist.fsdp import state_dict as _sd
+from minidist.fsdp.param import FlatParamShard, ParamInfo
+from minidist.fsdp.unit import FSDPUnit, Schedule, UnitComm
+
+WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
+
+
+class ShardingStrategy(enum.Enum):
+    FULL_SHARD = "full_shard"
+    SHARD_GRAD_OP = "shard_grad_op"
+    NO_SHARD = "no_shard"
+    HYBRID_SHARD = "hybrid_shard"
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """As torch's: param_dtype for all_gather and compute, reduce_dtype for gradient reduction.
+
+    The sharded (master) parameters, their gradients and the optimizer state stay in the
+    module's dtype (fp32). reduce_dtype None = param_dtype.
+    """
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+
+
+def hybrid_groups(shard_size: int, group: dist.ProcessGroup | None = None
+                  ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """(shard_group, replicate_group) of a (N / shard_size) x shard_size mesh over `group`.
+
+    Ranks [k*G, (k+1)*G) shard together; ranks {j, j+G, j+2G, ...} replicate. Every rank
+    creates every group, in the same order (dist.new_group is collective).
+    """
+    ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+    n = len(ranks)
+    if shard_size < 1 or n % shard_size:
+        raise ValueError(f"shard_size={shard_size} must divide the group size {n}")
+    me = dist.get_rank()
+    shard = replicate = None
+    for k in range(n // shard_size):
+        g = dist.new_group(ranks[k * shard_size:(k + 1) * shard_size])
+        if me in ranks[k * shard_size:(k + 1) * shard_size]:
+            shard = g
+    for j in range(shard_size):
+        g = dist.new_group(ranks[j::shard_size])
+        if me in ranks[j::shard_size]:
+            replicate = g
+    return shard, replicate
+
+
+def _is_unit(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
+    if policy is None:
+        return lambda m: False
+    if callable(policy) and not isinstance(policy, (set, frozenset, list, tuple)):
+        return policy
+    classes = tuple(policy)
+    return lambda m: isinstance(m, classes)
+
+
+def _build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
+                 ) -> list[tuple[str, nn.Module, list[ParamInfo]]]:
+    """Assign every parameter to one unit: the innermost unit holding all its uses.
+
+    A tied parameter used by modules of different units goes to their lowest common
+    unit ancestor (often the root), which is unsharded whenever any of them runs.
+    Returns (name, module, params) in module order, root first.
+    """
+    unit_of: dict[nn.Module, nn.Module] = {root: root}
+    chain: dict[nn.Module, list[nn.Module]] = {root: [root]}  # unit ancestry, outermost first
+    names = {root: ""}
+    for name, m in root.named_modules():
+        if m is root:
+            continue
+        parent = root.get_submodule(name.rpartition(".")[0]) if "." in name else root
+        up = unit_of[parent]
+        if is_unit(m):
+            unit_of[m], chain[m], names[m] = m, chain[up] + [m], name
+        else:
+            unit_of[m] = up
+    params: dict[int, ParamInfo] = {}
+    for mname, m in root.named_modules(remove_duplicate=False):
+        for pname, p in m._parameters.items():
+            if p is None:
+                continue
+            fqn = f"{mname}.{pname}" if mname else pname
+            info = params.setdefault(id(p), ParamInfo([], [], p))
+            if (m, pname) not in info.holders:
+                info.fqns.append(fqn)
+                info.holders.append((m, pname))
+    by_unit: dict[nn.Module, list[ParamInfo]] = {u: [] for u in chain}
+    for info in params.values():
+        chains = [chain[unit_of[m]] for m, _ in info.holders]
+        common = chains[0]
+        for c in chains[1:]:
+            k = 0
+            while k < min(len(common), len(c)) and common[k] is c[k]:
+                k += 1
+            common = common[:k]
+        by_unit[common[-1]].append(info)
+    return [(names[u], u, infos) for u, infos in by_unit.items()]
+
+
+class FSDP(nn.Module):
+    """Fully sharded data parallel wrapper. See the module docstring and minidist.fsdp.unit."""
+
+    def __init__(self, module: nn.Module, *, process_group=None, wrap: WrapPolicy = None,
+                 sharding_strategy: str | ShardingStrategy = "full_shard", forward_prefetch: bool = True,
+                 backward_prefetch: bool = True, max_inflight_all_gathers: int = 2,
+                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                 mp_policy: MixedPrecisionPolicy | None = None):
+        super().__init__()
+        self.module = module
+        self.sharding_strategy = strategy = ShardingStrategy(
+            sharding_strategy.value if isinstance(sharding_strategy, ShardingStrategy) else sharding_strategy)
+        if mp_policy is not None:
+            param_dtype = param_dtype or mp_policy.param_dtype
+            reduce_dtype = reduce_dtype or mp_policy.reduce_dtype
+        self.mp_policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
+        if max_inflight_all_gathers < 0:
+            raise ValueError("max_inflight_all_gathers must be >= 0")
+        self._comm = self._make_comm(strategy, process_group, reduce_dtype)
+        shard_rank = 0 if self._comm.shard_world == 1 else dist.get_rank(self._comm.shard_group)
+        self._schedule = Schedule([], forward_prefetch, backward_prefetch, max_inflight_all_gathers)
+        self._units: list[FSDPUnit] = []
+        for name, m, infos in _build_units(module, _is_unit(wrap)):
+            flat = FlatParamShard(infos, shard_rank, self._comm.shard_world, param_dtype)
+            self._units.append(FSDPUnit(m, flat, self._comm, self._schedule, name))
+        self._schedule.units = self._units
+
+    @staticmethod
+    def _make_comm(strategy: ShardingStrategy, process_group, reduce_dtype) -> UnitComm:
+        size = lambda g: dist.get_world_size(g)  # noqa: E731
+        if strategy is ShardingStrategy.HYBRID_SHARD:
+            if not (isinstance(process_group, tuple) and len(process_group) == 2):
+                raise ValueError("hybrid_shard needs process_group=(shard_group, replicate_group); "
+                                 "build them with minidist.fsdp.hybrid_groups(shard_size)")
+            shard, rep = process_group
+            return UnitComm(shard, size(shard), rep, size(rep), True, reduce_dtype)
+        if isinstance(process_group, tuple):
+            raise ValueError(f"a (shard_group, replicate_group) tuple needs sharding_strategy='hybrid_shard', "
+                             f"not {strategy.value!r}")
+        if strategy is ShardingStrategy.NO_SHARD:
+            return UnitComm(None, 1, process_group, size(process_group), False, reduce_dtype)
+        return UnitComm(process_group, size(process_group), None, 1,
+                        strategy is ShardingStrategy.FULL_SHARD, reduce_dtype)
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        dtype = self.mp_policy.param_dtype
+        if dtype is not None:  # as torch's cast_forward_inputs: the root feeds compute dtype
+            cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+            args = tuple(cast(a) for a in args)
+            kwargs = {k: cast(v) for k, v in kwargs.items()}
+        out = self.module(*args, **kwargs)
+        self._schedule.end_forward()
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside accumulate unsharded gradients locally (no reduction).
+
+        The full gradients stay alive (S bytes per rank) until the next synced backward
+        reduces them: gradient accumulation trades memory for 1/K of the reductions.
+        """
+        prev = self._schedule.sync_grads
+        self._schedule.sync_grads = False
+        try:
+            yield
+        finally:
+            self._schedule.sync_grads = prev
+
+    # -- gradient clipping ----------------------------------------------------------------------
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the sharded gradients so that the global gradient norm is at most max_norm.
+
+        Each element of the model lives in exactly one shard of the shard group (padding
+        has no gradient), so a sum over the shard group's local sums counts every element
+        once; replicas (hybrid, no_shard) hold copies and are not summed again.
+        """
+        grads = [p.grad for u in self._units for p in u.flat.sharded_params if p.grad is not None]
+        norm_type = float(norm_type)
+        dev = self._units[0].flat.device if self._units else torch.device("cpu")
+        if norm_type == float("inf"):
+            local = max((g.abs().max() for g in grads if g.numel()), default=torch.zeros((), device=dev))
+            total = local.float().clone()
+            op = dist.ReduceOp.MAX
+        else:
+            total = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.zeros((), device=dev))
+            op = dist.ReduceOp.SUM
+        if self._comm.shard_world > 1:
+            from minidist import comm
+            comm.all_reduce(total, op, group=self._comm.shard_group)
+        if norm_type != float("inf"):
+            total = total ** (1.0 / norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return total
+
+    # -- state dicts (minidist.fsdp.state_dict) -------------------------------------------------
+    def full_state_dict(self, rank0_only: bool = True, cpu_offload: bool = True) -> dict[str, torch.Tensor]:
+        return _sd.full_state_dict(self, rank0_only=rank0_only, cpu_offload=cpu_offload)
+
+    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor] | None,
+                             broadcast_from_rank0: bool = False) -> None:
+        _sd.load_full_state_dict(self, state_dict, broadcast_from_rank0=broadcast_from_rank0)
+
+    def sharded_state_dict(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+        return _sd.sharded_state_dict(self, optimizer)
+
+    def load_sharded_state_dict(self, shards: list[dict[str, Any]],
+                                optimizer: torch.optim.Optimizer | None = None) -> None:
+        _sd.load_sharded_state_dict(self, shards, optimizer)
+
+    # -- introspection --------------------------------------------------------------------------
+    @property
+    def units(self) -> list[FSDPUnit]:
+        return list(self._units)
+
+    @property
+    def peak_unsharded_units(self) -> int:
+        """Most units whose unsharded buffer was allocated at the same time (since construction)."""
+        return self._schedule.peak_live

@@ -1,0 +1,301 @@
+"""One FSDP unit's lifecycle, and the schedule that orders the units of one model.
+
+A unit is a module (a transformer Block, or the root) whose parameters share one
+FlatParamShard. Per training step it goes through:
+
+    pre_forward    all_gather the shard (or wait for the prefetched one), swap in the
+                   unsharded params, prefetch the next unit(s) in forward order
+    post_forward   full_shard: free the unsharded params now. Why: activations are
+                   what must stay until backward; keeping every layer's parameters
+                   too would make peak memory the full model again. The price is a
+                   second all_gather in backward.
+                   register pre_backward on the outputs' gradients
+    pre_backward   (the gradient of an output arrives) all_gather again where it was
+                   freed, prefetch the unit backward reaches next: the reverse of the
+                   forward order, because backward visits layers last-to-first
+    post_backward  (every trainable unsharded param's gradient is accumulated)
+                   reduce_scatter the gradients asynchronously, free unsharded params
+    finish         (end of backward, an autograd-engine callback) wait for the
+                   reductions, give each sharded param its averaged gradient shard
+
+Prefetch caps memory: at most `max_inflight` units are unsharded ahead of use,
+so peak parameter memory is (units in use + max_inflight) unsharded units plus
+1/N of everything else.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from minidist.fsdp import collectives
+from minidist.fsdp.param import FlatParamShard, ShardedState
+
+
+class TrainingState(enum.Enum):
+    IDLE = enum.auto()
+    FORWARD = enum.auto()
+    PRE_BACKWARD = enum.auto()
+    POST_BACKWARD = enum.auto()
+
+
+@dataclass
+class UnitComm:
+    """How a unit shards and reduces; the same for every unit of one FSDP model."""
+
+    shard_group: dist.ProcessGroup | None
+    """Ranks that split the parameters (None = world)."""
+    shard_world: int
+    """Size of shard_group; 1 = no_shard."""
+    replicate_group: dist.ProcessGroup | None
+    """Ranks holding the same shard (hybrid_shard, no_shard); None when there are none."""
+    replicate_world: int
+    reshard_after_forward: bool
+    """full_shard: True; shard_grad_op, no_shard: False."""
+    reduce_dtype: torch.dtype | None
+    """dtype of the gradient reduction; None = the unsharded gradients' dtype."""
+
+    @property
+    def grad_divisor(self) -> int:
+        """Ranks whose gradients are summed: the average divides by all of them."""
+        return self.shard_world * self.replicate_world
+
+
+def _flatten_tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _flatten_tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _flatten_tensors(o)]
+    return []
+
+
+class Schedule:
+    """The order of the units, prefetching, and the end-of-backward callback of one model."""
+
+    def __init__(self, units: list["FSDPUnit"], forward_prefetch: bool, backward_prefetch: bool,
+                 max_inflight: int):
+        self.units = units
+        self.forward_prefetch, self.backward_prefetch = forward_prefetch, backward_prefetch
+        self.max_inflight = max_inflight
+        self.forward_order: list[FSDPUnit] = []   # first pre_forward of each unit, first step
+        self.post_forward_order: list[FSDPUnit] = []  # reversed, the order backward meets them
+        self.recording = True
+        self.prefetched: list[FSDPUnit] = []      # unsharded (or gathering) ahead of use
+        self.callback_queued = False
+        self.sync_grads = True                    # False inside no_sync()
+        self.peak_live = 0                        # most unsharded units alive at once (testing, stats)
+
+    # -- order ----------------------------------------------------------------------------------
+    def record_pre_forward(self, unit: "FSDPUnit") -> None:
+        if self.recording and unit not in self.forward_order:
+            self.forward_order.append(unit)
+
+    def record_post_forward(self, unit: "FSDPUnit") -> None:
+        if self.recording and unit not in self.post_forward_order:
+            self.post_forward_order.append(unit)
+
+    def end_forward(self) -> None:
+        """The root forward returned: the order is known from now on."""
+        self.recording = False
+
+    # -- prefetch -------------------------------------------------------------------------------
+    def became_current(self, unit: "FSDPUnit") -> None:
+        if unit in self.prefetched:
+            self.prefetched.remove(unit)
+
+    def prefetch_after(self, unit: "FSDPUnit", backward: bool) -> None:
+        """Start the all_gathers of the units that run after `unit`, up to max_inflight ahead."""
+        if self.recording or not (self.backward_prefetch if backward else self.forward_prefetch):
+            return
+        order = self.post_forward_order[::-1] if backward else self.forward_order
+        if unit not in order:
+            return
+        for nxt in order[order.index(unit) + 1:]:
+            if len(self.prefetched) >= self.max_inflight:
+                break
+            if nxt.flat.state is ShardedState.SHARDED and not nxt.gathering:
+                nxt.unshard(async_op=True)
+                self.prefetched.append(nxt)
+
+    def note_alloc(self) -> None:
+        live = sum(1 for u in self.units if u.flat.is_allocated and not u.flat.aliased)
+        self.peak_live = max(self.peak_live, live)
+
+    # -- end of backward ------------------------------------------------------------------------
+    def queue_finish(self) -> None:
+        """Called from the first pre_backward of a backward pass: run finish() when it ends."""
+        if not self.callback_queued:
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_backward)
+
+    def finish_backward(self) -> None:
+        """Every gradient is computed: complete all reductions, reshard, reset for the next step.
+
+        Units whose post_backward never ran (some trainable params got no gradient) reduce
+        here, so that every rank issues the same collectives in the same order.
+        """
+        for u in self.units:
+            u.finalize_post_backward()
+        for u in self.units:  # hybrid: reduce_scatter done -> start the replica all_reduce
+            u.wait_reduce_scatter()
+        for u in self.units:
+            u.finish_reduction()
+        self.prefetched.clear()
+        self.callback_queued = False
+        self.recording = False
+
+
+class FSDPUnit:
+    """A module, its FlatParamShard, its hooks and its training state."""
+
+    def __init__(self, module: nn.Module, flat: FlatParamShard, comm: UnitComm, schedule: Schedule,
+                 name: str):
+        self.module, self.flat, self.comm, self.schedule, self.name = module, flat, comm, schedule, name
+        self.training_state = TrainingState.IDLE
+        self.gathering = False
+        self._gather_work = None
+        self._gather_input: torch.Tensor | None = None  # kept alive until the gather is waited on
+        self._trainable = [p for p in flat.unsharded_params if p.requires_grad]
+        self._grads_ready = 0
+        self._reduce_input: torch.Tensor | None = None
+        self._reduce_output: torch.Tensor | None = None
+        self._rs_work = None
+        self._ar_work = None
+        for p in self._trainable:
+            p.register_post_accumulate_grad_hook(self._on_grad_accumulated)
+        if flat.infos:
+            module.register_forward_pre_hook(self.pre_forward, with_kwargs=True)
+            module.register_forward_hook(self.post_forward, with_kwargs=True)
+
+    def __repr__(self) -> str:
+        return f"FSDPUnit({self.name or '<root>'}, {self.flat.total} params, {self.flat.state.name})"
+
+    # -- unshard / reshard ----------------------------------------------------------------------
+    def unshard(self, async_op: bool) -> None:
+        """Allocate `full` and start filling it from every rank's shard."""
+        assert self.flat.state is ShardedState.SHARDED and not self.gathering, f"unshard of {self}"
+        self.flat.alloc_full()
+        self.schedule.note_alloc()
+        self.gathering = True
+        if self.flat.aliased:
+            return
+        self._gather_input = self.flat.gather_input()
+        if self.comm.shard_world == 1:
+            self.flat.full.copy_(self._gather_input)
+        else:
+            self._gather_work = collectives.all_gather_shard(self.flat.full, self._gather_input,
+                                                             self.comm.shard_group, async_op=async_op)
+
+    def wait_for_unshard(self) -> None:
+        """Make sure the unsharded params are filled and installed on the module."""
+        self.schedule.became_current(self)
+        if self.flat.state is ShardedState.UNSHARDED:
+            return
+        if not self.gathering:
+            self.unshard(async_op=False)
+        if self._gather_work is not None:
+            self._gather_work.wait()
+        self._gather_work = self._gather_input = None
+        self.gathering = False
+        self.flat.to_unsharded()
+
+    def reshard(self) -> None:
+        if self.gathering:  # a prefetch that was never used
+            self.wait_for_unshard()
+        self.schedule.became_current(self)
+        if self.flat.state is ShardedState.UNSHARDED:
+            self.flat.to_sharded()
+
+    # -- forward hooks --------------------------------------------------------------------------
+    def pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
+        assert self.training_state is TrainingState.IDLE, (
+            f"{self} entered forward while {self.training_state.name}; forward during backward "
+            f"(e.g. activation checkpointing recompute) is not supported")
+        self.training_state = TrainingState.FORWARD
+        self.schedule.record_pre_forward(self)
+        self.wait_for_unshard()
+        self.schedule.prefetch_after(self, backward=False)
+        return None
+
+    def post_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+        assert self.training_state is TrainingState.FORWARD, f"post_forward of {self} in {self.training_state}"
+        self.schedule.record_post_forward(self)
+        if self.comm.reshard_after_forward:
+            self.reshard()
+        if torch.is_grad_enabled():
+            outs = [t for t in _flatten_tensors(output) if t.requires_grad]
+            if outs:
+                torch.autograd.graph.register_multi_grad_hook(outs, self.pre_backward, mode="any")
+        self.training_state = TrainingState.IDLE
+        return output
+
+    # -- backward hooks -------------------------------------------------------------------------
+    def pre_backward(self, *unused: Any) -> None:
+        assert self.training_state in (TrainingState.IDLE, TrainingState.PRE_BACKWARD,
+                                       TrainingState.POST_BACKWARD), f"pre_backward of {self}"
+        self.schedule.queue_finish()
+        if self.training_state is TrainingState.IDLE:
+            self.training_state = TrainingState.PRE_BACKWARD
+        self.wait_for_unshard()
+        self.schedule.prefetch_after(self, backward=True)
+
+    def _on_grad_accumulated(self, param: torch.Tensor) -> None:
+        self._grads_ready += 1
+        if self._grads_ready == len(self._trainable):
+            self.post_backward()
+
+    def post_backward(self) -> None:
+        """All of this unit's gradients exist: start reducing them, free the unsharded params."""
+        assert self.training_state is TrainingState.PRE_BACKWARD, f"post_backward of {self} in {self.training_state}"
+        self.training_state = TrainingState.POST_BACKWARD
+        if self.schedule.sync_grads and self._trainable:
+            self._start_reduction()
+        self.reshard()
+
+    def finalize_post_backward(self) -> None:
+        """End of backward: reduce and reshard what post_backward did not reach."""
+        if self.training_state is TrainingState.PRE_BACKWARD:
+            self.post_backward()
+        elif self.schedule.sync_grads and self._reduce_input is None and self.flat.has_unsharded_grads:
+            self._start_reduction()  # grads accumulated under no_sync, this backward touched none
+        self.reshard()
+        self._grads_ready = 0
+        self.training_state = TrainingState.IDLE
+
+    # -- gradient reduction ---------------------------------------------------------------------
+    def _start_reduction(self) -> None:
+        dtype = self.comm.reduce_dtype or self.flat.param_dtype
+        flat_grad = self.flat.flat_grad(dtype)   # (padded,)
+        self._reduce_input = flat_grad
+        if self.comm.shard_world == 1:
+            self._reduce_output = flat_grad
+        else:
+            self._reduce_output = torch.empty(self.flat.shard_size, dtype=dtype, device=flat_grad.device)
+            self._rs_work = collectives.reduce_scatter_grad(self._reduce_output, flat_grad, self.comm.shard_group)
+            return
+        self.wait_reduce_scatter()
+
+    def wait_reduce_scatter(self) -> None:
+        if self._rs_work is not None:
+            self._rs_work.wait()
+            self._rs_work = None
+        if self._reduce_output is not None and self.comm.replicate_world > 1 and self._ar_work is None:
+            self._ar_work = collectives.all_reduce_grad(self._reduce_output, self.comm.replicate_group)
+
+    def finish_reduction(self) -> None:
+        if self._reduce_output is None:
+            return
+        self.wait_reduce_scatter()
+        if self._ar_work is not None:
+            self._ar_work.wait()
+            self._ar_work = None
+        shard_grad = self._reduce_output.to(self.flat.dtype).div_(self.comm.grad_divisor)
+        self.flat.accumulate_sharded_grad(shard_grad)
+        self._reduce_input = self._reduce_output = None
