@@ -1,6 +1,13 @@
-"""K AdamW steps of FSDP at world N == one process on the whole batch (fp32, 1e-6)."""
+"""K AdamW steps of FSDP at world N == one process on the whole batch (fp32, 1e-6).
+
+Covers every sharding strategy, prefetch on and off, with and without a wrap policy,
+on models whose sizes the world size does not divide, tied weights (TiedLM, GPT),
+a unit called twice per forward, a frozen layer and a parameter outside every unit.
+"""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch.distributed as dist
@@ -11,19 +18,49 @@ from tests.fsdp.helpers import WRAPS, make_batches, make_model, max_diff, refere
 TOL = 1e-6
 
 
+@functools.lru_cache(maxsize=None)
+def _reference(kind: str, world: int):
+    return reference(kind, world)
+
+
 def _run(kind: str, wrap: bool, **fsdp_kwargs) -> float:
     model = FSDP(make_model(kind), wrap=WRAPS[kind] if wrap else None, **fsdp_kwargs)
     train(kind, model, make_batches(kind), shard=True)
-    return max_diff(model.full_state_dict(rank0_only=False), reference(kind, dist.get_world_size()))
+    return max_diff(model.full_state_dict(rank0_only=False), _reference(kind, dist.get_world_size()))
 
 
-def body_full_shard(kinds: list[str]) -> dict:
-    return {(kind, wrap): _run(kind, wrap) for kind in kinds for wrap in (False, True)}
+def body_strategies(kinds: list[str], strategies: list[str], prefetch_variants: bool) -> dict:
+    out = {}
+    for strategy in strategies:
+        for kind in kinds:
+            for wrap in (False, True):
+                out[(strategy, kind, wrap)] = _run(kind, wrap, sharding_strategy=strategy)
+    for kind in kinds if prefetch_variants else []:  # prefetch off, and a shallower prefetch
+        out[("no-prefetch", kind)] = _run(kind, True, forward_prefetch=False, backward_prefetch=False)
+        out[("inflight-1", kind)] = _run(kind, True, max_inflight_all_gathers=1)
+    return out
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_full_shard_matches_single_process(run_dist, world):
-    results = run_dist(world, body_full_shard, ["mlp", "tied", "gpt", "twice"])
+def body_hybrid(kinds: list[str]) -> dict:
+    groups = hybrid_groups(2)
+    return {("hybrid", kind, wrap): _run(kind, wrap, sharding_strategy="hybrid_shard", process_group=groups)
+            for kind in kinds for wrap in (False, True)}
+
+
+def _check(results):
     for per_rank in results:
         for cfg, diff in per_rank.items():
             assert diff < TOL, f"{cfg}: max |fsdp - reference| = {diff}"
+
+
+def test_all_strategies_world2(run_dist):
+    _check(run_dist(2, body_strategies, ["mlp", "tied", "gpt", "twice"],
+                    ["full_shard", "shard_grad_op", "no_shard"], True))
+
+
+def test_uneven_world3(run_dist):
+    _check(run_dist(3, body_strategies, ["mlp", "gpt"], ["full_shard", "shard_grad_op"], False))
+
+
+def test_hybrid_2x2_world4(run_dist):
+    _check(run_dist(4, body_hybrid, ["mlp", "gpt"]))
