@@ -32,28 +32,39 @@ TOPICS = "pydoc_data/topics.py"
 
 
 # ------------------------------------------------------------------- sources
+def _path_hash(relpath: str) -> int:
+    return int.from_bytes(hashlib.md5(relpath.encode()).digest()[:4], "little")
+
+
 def stdlib_files(max_bytes: int) -> list[tuple[str, bytes]]:
-    """(relative path, bytes) of the corpus: pydoc's topics first, then *.py in sorted order, up to max_bytes."""
+    """(relative path, bytes) of the corpus, at most max_bytes in all.
+
+    Files are taken in the order of a hash of their path - a fixed shuffle, so a
+    small cap still samples the whole library rather than its first letters -
+    with pydoc's topic docs first when they take at most half the cap. A file
+    that would overflow the cap is skipped; smaller later ones may still fit.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
-    paths = sorted(p for p in root.rglob("*.py") if not (set(p.relative_to(root).parts[:-1]) & _SKIP_DIRS))
-    paths.sort(key=lambda p: p.relative_to(root).as_posix() != TOPICS)  # stable: docs first
+    rels = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
+                  if not (set(p.relative_to(root).parts[:-1]) & _SKIP_DIRS))
+    rels.sort(key=_path_hash)
+    if TOPICS in rels and (root / TOPICS).stat().st_size <= max_bytes // 2:
+        rels.remove(TOPICS)
+        rels.insert(0, TOPICS)
     out, total = [], 0
-    for p in paths:
-        data = p.read_bytes()
-        if total + len(data) > max_bytes:
-            if total:
-                continue  # skip files that overflow; smaller later ones may still fit
-            data = data[:max_bytes]
-        out.append((p.relative_to(root).as_posix(), data))
-        total += len(data)
+    for rel in rels:
+        size = (root / rel).stat().st_size
+        if total + size <= max_bytes:
+            out.append((rel, (root / rel).read_bytes()))
+            total += size
     if not out:
-        raise RuntimeError(f"no standard-library sources found under {root}")
+        raise RuntimeError(f"no standard-library source fits data.max_bytes={max_bytes} under {root}")
     return out
 
 
 def is_validation(relpath: str, val_percent: int) -> bool:
     """A file belongs to validation when the hash of its path falls below val_percent (stable across runs)."""
-    return int.from_bytes(hashlib.md5(relpath.encode()).digest()[:4], "little") % 100 < val_percent
+    return (_path_hash(relpath) >> 8) % 100 < val_percent  # other bits than the ordering uses
 
 
 def stdlib_corpus(max_bytes: int, val_percent: int) -> tuple[torch.Tensor, torch.Tensor]:
