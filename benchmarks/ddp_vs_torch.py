@@ -1,0 +1,167 @@
+"""minidist.DDP against torch's DistributedDataParallel: step time, and how much of the
+all_reduce the backward hides.
+
+    OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/ddp_vs_torch.py
+    ... benchmarks/ddp_vs_torch.py --sleep-ms 0 20 --buckets 1 5 25 100 --repeats 5
+
+Same model, same data, world 2, gloo on the CPU. For every bucket size and
+backward-sleep setting, minidist and torch steps are interleaved (minidist,
+torch, minidist under no_sync, torch under no_sync, repeated), and medians are
+compared, so machine noise hits both alike.
+
+Why a sleeping backward: with 2 ranks on 2 cores, gloo's threads compete with
+the backward matmuls for the same cores, so no overlap is visible. A layer whose
+backward sleeps (as PyTorch's own FSDP tests inject delays) emulates accelerator
+compute that leaves the CPU free for communication.
+
+Columns:
+  ratio    median step time minidist / torch (goal <= 1.00)
+  comm     the all_reduce time of all buckets alone (blocking, back to back)
+  exposed  step time minus the same step under no_sync (communication skipped)
+  hidden   1 - exposed / comm: the share of the all_reduce that the backward hides
+           (goal >= 80% where the backward compute >= comm)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+from minidist import comm, runtime
+from minidist.ddp import DDP
+
+
+class _SleepInBackward(torch.autograd.Function):
+    """Identity forward; backward sleeps `seconds` (emulated accelerator compute, CPU left idle)."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class Net(nn.Module):
+    """Linear(d_in, width), then `layers` blocks of [sleeping backward, Linear(width, width), tanh].
+
+    The sleep sits *before* each block's Linear, so in backward it runs right
+    after that Linear's gradients are ready: the bucket holding them can
+    travel while the next (earlier) layer "computes". The small input layer
+    makes the last bucket to fill small, as in a real network whose earliest
+    layers still compute after the big ones are done.
+    """
+
+    def __init__(self, d_in: int, width: int, layers: int, sleep_ms: float):
+        super().__init__()
+        self.inp = nn.Linear(d_in, width)
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+        self.sleep_s = sleep_ms / 1e3
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            if self.sleep_s:
+                x = _SleepInBackward.apply(x, self.sleep_s)
+            x = torch.tanh(block(x))
+        return x
+
+
+def step_time(model, opt, x, y, sync: bool) -> float:
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    if sync:
+        F.mse_loss(model(x), y).backward()
+    else:
+        with model.no_sync():
+            F.mse_loss(model(x), y).backward()
+    opt.step()
+    return time.perf_counter() - t0
+
+
+def comm_time(model: DDP) -> float:
+    """All buckets all_reduced back to back, blocking, no compute: the communication to hide."""
+    t0 = time.perf_counter()
+    for bucket in model.reducer.buckets:
+        comm.all_reduce(bucket.buffer())
+    return time.perf_counter() - t0
+
+
+def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
+    torch.manual_seed(0)
+    base = Net(args.d_in, args.width, args.layers, sleep_ms)
+    view = args.gradient_as_bucket_view
+    ours = DDP(copy.deepcopy(base), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=view)
+    theirs = TorchDDP(copy.deepcopy(base), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=view)
+    opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in (("ours", ours), ("torch", theirs))}
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(args.batch, args.d_in, generator=g), torch.randn(args.batch, args.width, generator=g)
+    models = {"ours": ours, "torch": theirs}
+    for _ in range(2):  # warm up; both rebuild their buckets after the first step
+        for name in models:
+            step_time(models[name], opts[name], x, y, True)
+    t = {k: [] for k in ("ours", "torch", "ours_nosync", "torch_nosync", "comm")}
+    for _ in range(args.repeats):
+        for name in models:
+            t[name].append(step_time(models[name], opts[name], x, y, True))
+        for name in models:
+            t[name + "_nosync"].append(step_time(models[name], opts[name], x, y, False))
+        t["comm"].append(comm_time(ours))
+    med = {k: statistics.median(v) for k, v in t.items()}
+    exposed = max(0.0, med["ours"] - med["ours_nosync"])
+    exposed_torch = max(0.0, med["torch"] - med["torch_nosync"])
+    return dict(bucket_mb=bucket_mb, sleep_ms=sleep_ms, ours=med["ours"], torch=med["torch"],
+                ratio=med["ours"] / med["torch"], comm=med["comm"], compute=med["ours_nosync"],
+                exposed=exposed, hidden=1 - exposed / med["comm"], hidden_torch=1 - exposed_torch / med["comm"],
+                n_buckets=len(ours.reducer.buckets))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d-in", type=int, default=64)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8, help="Linear(width, width) blocks")
+    parser.add_argument("--batch", type=int, default=32, help="rows per rank")
+    parser.add_argument("--sleep-ms", type=float, nargs="+", default=[0.0, 20.0],
+                        help="backward sleep per block (emulated accelerator compute); 0 = pure CPU")
+    parser.add_argument("--buckets", type=float, nargs="+", default=[1, 5, 25, 100], help="bucket_cap_mb values")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gradient-as-bucket-view", action="store_true", help="for both minidist and torch")
+    args = parser.parse_args()
+    with runtime.distributed("gloo") as topo:
+        torch.set_num_threads(1)
+        grad_mb = (args.layers * (args.width + 1) + args.d_in + 1) * args.width * 4 / 2**20
+        if topo.is_main:
+            print(f"world {topo.world_size}, gloo/CPU, Linear({args.d_in}, {args.width}) + {args.layers} x Linear({args.width}, {args.width}): "
+                  f"{grad_mb:.1f} MiB of gradients, batch {args.batch}/rank, median of {args.repeats} "
+                  f"interleaved steps\n")
+            print(f"{'sleep ms':>8} {'bucket MB':>9} {'buckets':>7} {'minidist ms':>11} {'torch ms':>9} "
+                  f"{'ratio':>6} {'compute ms':>10} {'comm ms':>8} {'exposed ms':>10} {'hidden':>7} "
+                  f"{'torch hidden':>12}")
+        ratios = []
+        for sleep_ms in args.sleep_ms:
+            for bucket_mb in args.buckets:
+                r = measure(args, bucket_mb, sleep_ms, topo.rank)
+                ratios.append(r["ratio"])
+                if topo.is_main:
+                    print(f"{sleep_ms:>8g} {bucket_mb:>9g} {r['n_buckets']:>7} {r['ours'] * 1e3:>11.1f} "
+                          f"{r['torch'] * 1e3:>9.1f} {r['ratio']:>6.2f} {r['compute'] * 1e3:>10.1f} "
+                          f"{r['comm'] * 1e3:>8.1f} {r['exposed'] * 1e3:>10.1f} {r['hidden']:>7.0%} "
+                          f"{r['hidden_torch']:>12.0%}", flush=True)
+        if topo.is_main:
+            print(f"\nstep-time ratio minidist/torch, median over all rows: {statistics.median(ratios):.2f}")
+            print("compute = the step under no_sync (no communication); hidden = 1 - exposed / comm")
+
+
+if __name__ == "__main__":
+    main()
