@@ -17,7 +17,8 @@ compute that leaves the CPU free for communication.
 Columns:
   ratio    median step time minidist / torch (goal <= 1.00)
   comm     the all_reduce time of all buckets alone (blocking, back to back)
-  exposed  step time minus the same step under no_sync (communication skipped)
+  exposed  step time minus the same step under no_sync (communication skipped), median of
+           the paired differences
   hidden   1 - exposed / comm: the share of the all_reduce that the backward hides
            (goal >= 80% where the backward compute >= comm)
 """
@@ -118,8 +119,9 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
             t[name + "_nosync"].append(step_time(models[name], opts[name], x, y, False))
         t["comm"].append(comm_time(ours))
     med = {k: statistics.median(v) for k, v in t.items()}
-    exposed = max(0.0, med["ours"] - med["ours_nosync"])
-    exposed_torch = max(0.0, med["torch"] - med["torch_nosync"])
+    # paired: each synced step minus the no_sync step right after it, so that slow drift cancels
+    exposed = max(0.0, statistics.median(s - n for s, n in zip(t["ours"], t["ours_nosync"])))
+    exposed_torch = max(0.0, statistics.median(s - n for s, n in zip(t["torch"], t["torch_nosync"])))
     return dict(bucket_mb=bucket_mb, sleep_ms=sleep_ms, ours=med["ours"], torch=med["torch"],
                 ratio=med["ours"] / med["torch"], comm=med["comm"], compute=med["ours_nosync"],
                 exposed=exposed, hidden=1 - exposed / med["comm"], hidden_torch=1 - exposed_torch / med["comm"],

@@ -86,11 +86,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.world_size == 1:
             return
         flats = []
+        me = dist.get_rank()
         for src, ps in self._shards:  # launch all, then wait: the N broadcasts can overlap
-            flat = torch.cat([p.detach().reshape(-1) for p in ps])
+            if src == me:  # the owner sends its freshly updated share ...
+                flat = torch.cat([p.detach().reshape(-1) for p in ps])
+            else:  # ... everyone else receives it into scratch space
+                flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
             flats.append((flat, ps, comm.broadcast(flat, src=src, group=self.process_group, async_op=True)))
-        for flat, ps, work in flats:
+        for (src, _), (flat, ps, work) in zip(self._shards, flats):
             work.wait()
+            if src == me:
+                continue
             offset = 0
             for p in ps:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))

@@ -72,6 +72,10 @@ def _features() -> dict:
     _train_lm(ours, lm_data, shard=True)
     out["tied vs ref"] = max_diff(ours.module, ref)
     out["tied torch vs ref"] = max_diff(_train_lm(TorchDDP(_seeded_model(TiedLM)), lm_data, True).module, ref)
+    with comm.trace() as t:  # one more backward: the tied weight's bytes are sent once
+        F.cross_entropy(ours(lm_data[0][0]).flatten(0, 1), lm_data[0][1].flatten()).backward()
+    out["tied sent"] = t.sent_bytes
+    out["tied S"] = sum(p.numel() * p.element_size() for p in ours.parameters())  # unique parameters
 
     # a frozen parameter is excluded from the buckets and never changes
     def frozen():
@@ -157,6 +161,7 @@ def _features() -> dict:
 def test_features(run_dist):
     for rank, r in enumerate(run_dist(2, _features)):
         assert r["tied n_params"] == 3, "the tied weight appears once"
+        assert r["tied sent"] == r["tied S"], "2S(N-1)/N = S at N=2, tied weight counted once"
         assert r["tied vs ref"] < 1e-6 and r["tied torch vs ref"] < 1e-6
         assert r["frozen vs ref"] < 1e-6 and not r["frozen bucketed"]
         assert r["unused vs torch"] < 1e-6 and r["never-used grad is None"] and r["rank0_only grad equal"]
