@@ -232,7 +232,7 @@ class SGDOptim:
 class TrainerConfig:
     """The training loop."""
 
-    steps: int = 1000
+    steps: int = 600
     """Optimizer steps in the run."""
     batch_size: int = 16
     """Samples per rank per micro-batch (global batch = batch_size * grad_accum * world)."""

@@ -103,7 +103,7 @@ def synthetic_images(n: int, num_classes: int, seed: int) -> tuple[torch.Tensor,
     g = torch.Generator().manual_seed(seed)
     patterns = torch.randn(num_classes, 3, 32, 32, generator=g)
     labels = torch.randint(num_classes, (n,), generator=g)
-    return patterns[labels] + 2.0 * torch.randn(n, 3, 32, 32, generator=g), labels
+    return patterns[labels] + 0.5 * torch.randn(n, 3, 32, 32, generator=g), labels
 
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)

@@ -74,6 +74,7 @@ def evaluate(strategy, task, stream: BatchStream, device, max_batches, autocast)
             s = task.eval_sums(model, [b.to(device) for b in batch])
         sums = s if sums is None else sums + s
     model.train()
+    strategy.end_eval()
     comm.all_reduce(sums, group=strategy.topo.group)
     return task.report(sums)
 

@@ -1,7 +1,6 @@
 """The training loop at world 2 in the harness pool: every strategy learns and they agree;
 a stopped-and-resumed run ends bitwise equal to one that never stopped; ResNet on images."""
 
-import json
 import math
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 import minidist
 from minidist import runtime
 from minidist.train import compose_config, train
+from minidist.train.metrics import read_metrics
 
 ENGINES = {"ddp": "DDP", "zero1": "ShardedOptimizer", "shard_grad_op": "FSDP", "full_shard": "FSDP",
            "no_shard": "FSDP", "hybrid_shard": "FSDP"}
@@ -24,7 +24,7 @@ def _run(overrides: list[str]) -> dict:
 
 
 def _train_losses(run_dir: str) -> list[float]:
-    rows = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
 
@@ -84,4 +84,4 @@ def _resnet(out: str) -> tuple:
 def test_resnet_recipe_on_synthetic_images(run_dist, tmp_path):
     acc, losses = run_dist(2, _resnet, str(tmp_path), timeout=240)[0]
     assert losses[-1] < losses[0], losses
-    assert 0.0 <= acc <= 1.0
+    assert acc > 0.25, acc  # 10 classes: chance is 0.1
