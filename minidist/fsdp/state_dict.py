@@ -200,7 +200,8 @@ def load_sharded_state_dict(model: "FSDP", shards: list[dict[str, Any]],
     for fqn, entry in saved[0]["optim"]["state"].items():
         sp = param_of[fqn]
         numel, (pa, pb) = numel_of[fqn]
-        new = {k: (v.to(sp.device) if isinstance(v, torch.Tensor) else v) for k, v in entry["replicated"].items()}
+        # clone: the optimizer updates its state in place and must not write into the checkpoint
+        new = {k: (v.clone().to(sp.device) if isinstance(v, torch.Tensor) else v) for k, v in entry["replicated"].items()}
         for k in entry["sharded"]:
             pieces = [(s["params"][fqn]["offset"], s["optim"]["state"][fqn]["sharded"][k]) for s in saved]
             new[k] = _reassemble(pieces, numel)[pa:pb].clone().to(sp.device)
