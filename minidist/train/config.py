@@ -339,7 +339,9 @@ def _one_line(exc: BaseException) -> str:
     """Hydra/OmegaConf's error, as one line naming the key and the valid choices."""
     from hydra.errors import MissingConfigException
 
-    cause = exc.__cause__ or exc
+    cause = exc
+    while getattr(cause, "full_key", None) is None and (cause.__cause__ or cause.__context__) is not None:
+        cause = cause.__cause__ or cause.__context__  # the OmegaConf error that names the key
     key = getattr(cause, "full_key", None)
     obj = getattr(cause, "object_type", None)
     if isinstance(exc, MissingConfigException) or "Could not find" in str(exc):

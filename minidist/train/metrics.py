@@ -65,7 +65,7 @@ class RunLogger(NullLogger):
 
     def close(self) -> None:
         self.bar.close()
-        self.jsonl.close()
+        self.jsonl.close()  # idempotent, as is the rest
         if self.wandb is not None:
             self.wandb.finish(quiet=True) if "quiet" in self.wandb.finish.__code__.co_varnames else self.wandb.finish()
             self.wandb = None

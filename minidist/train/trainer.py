@@ -127,72 +127,73 @@ def train(cfg, topo: Topology) -> dict:
     result: dict = {"run_dir": str(run_dir), "stopped": False, **info}
     opt = strategy.optimizer
 
-    for step in range(start, tc.steps):
-        if tc.crash_at_step == step + 1 and topo.is_main and not (run_dir / CRASH_MARKER).exists():
-            (run_dir / CRASH_MARKER).write_text("rank 0 crashed here once, on purpose\n")
-            raise RuntimeError(f"injected crash before step {step + 1} (trainer.crash_at_step)")
-        lr = lr_at(step, cfg.optim, tc.steps)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        traced = (step + 1) % tc.log_interval == 0
-        ts = time.perf_counter()
-        with comm.trace() if traced else contextlib.nullcontext() as tr:
-            step_loss = 0.0
-            for micro in range(tc.grad_accum):
-                batch = [b.to(topo.device, non_blocking=True) for b in next(stream)]
-                per_step_items = per_step_items or task.count(batch) * tc.grad_accum * topo.world_size
-                last = micro == tc.grad_accum - 1
-                with (contextlib.nullcontext() if last else strategy.no_sync()), autocast():
-                    loss = task.loss(strategy.model, batch) / tc.grad_accum
-                loss.backward()
-                step_loss += float(loss.detach())
-            gnorm = strategy.clip_grad_norm_(tc.grad_clip) if tc.grad_clip > 0 else float("nan")
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        window_time += time.perf_counter() - ts
-        window_loss += step_loss
-        window_steps += 1
-        done = step + 1
+    try:  # the logger's files are closed however the loop ends (a crash included)
+        for step in range(start, tc.steps):
+            if tc.crash_at_step == step + 1 and topo.is_main and not (run_dir / CRASH_MARKER).exists():
+                (run_dir / CRASH_MARKER).write_text("rank 0 crashed here once, on purpose\n")
+                raise RuntimeError(f"injected crash before step {step + 1} (trainer.crash_at_step)")
+            lr = lr_at(step, cfg.optim, tc.steps)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            traced = (step + 1) % tc.log_interval == 0
+            ts = time.perf_counter()
+            with comm.trace() if traced else contextlib.nullcontext() as tr:
+                step_loss = 0.0
+                for micro in range(tc.grad_accum):
+                    batch = [b.to(topo.device, non_blocking=True) for b in next(stream)]
+                    per_step_items = per_step_items or task.count(batch) * tc.grad_accum * topo.world_size
+                    last = micro == tc.grad_accum - 1
+                    with (contextlib.nullcontext() if last else strategy.no_sync()), autocast():
+                        loss = task.loss(strategy.model, batch) / tc.grad_accum
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                gnorm = strategy.clip_grad_norm_(tc.grad_clip) if tc.grad_clip > 0 else float("nan")
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            window_time += time.perf_counter() - ts
+            window_loss += step_loss
+            window_steps += 1
+            done = step + 1
 
-        if traced or done == tc.steps:
-            mean_loss, = _all_mean([window_loss / window_steps], topo)
-            step_s = window_time / window_steps
-            row = {"step": done, "train/loss": mean_loss, "train/lr": lr, "train/grad_norm": gnorm,
-                   "train/step_s": step_s, f"train/{task.unit}_per_s": per_step_items / step_s}
-            if traced:
-                row |= comm_summary(tr)
-            logger.log(row)
-            logger.progress(done, {"loss": f"{mean_loss:.3f}", f"{task.unit[:3]}/s": f"{per_step_items / step_s:,.0f}",
-                                   "step": f"{step_s * 1e3:.0f}ms"})
-            window_loss, window_time, window_steps = 0.0, 0.0, 0
-        if tc.eval_interval and done % tc.eval_interval == 0 and done != tc.steps:
-            metrics = evaluate(strategy, task, val_stream, topo.device, tc.eval_batches, autocast)
-            logger.log({"step": done, **metrics})
-            logger.message(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        stopping = tc.stop_after is not None and done == tc.stop_after and done != tc.steps
-        if (tc.ckpt_interval and done % tc.ckpt_interval == 0) or stopping:
-            ckpt.save(done, {"step": done, "data": stream.state_dict(), "lr": lr})
-        if stopping:
-            logger.message(f"stopping after step {done} (trainer.stop_after); resume=auto continues")
-            logger.close()
-            return result | {"stopped": True, "step": done}
+            if traced or done == tc.steps:
+                mean_loss, = _all_mean([window_loss / window_steps], topo)
+                step_s = window_time / window_steps
+                row = {"step": done, "train/loss": mean_loss, "train/lr": lr, "train/grad_norm": gnorm,
+                       "train/step_s": step_s, f"train/{task.unit}_per_s": per_step_items / step_s}
+                if traced:
+                    row |= comm_summary(tr)
+                logger.log(row)
+                logger.progress(done, {"loss": f"{mean_loss:.3f}", f"{task.unit[:3]}/s": f"{per_step_items / step_s:,.0f}",
+                                       "step": f"{step_s * 1e3:.0f}ms"})
+                window_loss, window_time, window_steps = 0.0, 0.0, 0
+            if tc.eval_interval and done % tc.eval_interval == 0 and done != tc.steps:
+                metrics = evaluate(strategy, task, val_stream, topo.device, tc.eval_batches, autocast)
+                logger.log({"step": done, **metrics})
+                logger.message(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            stopping = tc.stop_after is not None and done == tc.stop_after and done != tc.steps
+            if (tc.ckpt_interval and done % tc.ckpt_interval == 0) or stopping:
+                ckpt.save(done, {"step": done, "data": stream.state_dict(), "lr": lr})
+            if stopping:
+                logger.message(f"stopping after step {done} (trainer.stop_after); resume=auto continues")
+                return result | {"stopped": True, "step": done}
 
-    final = evaluate(strategy, task, val_stream, topo.device, None, autocast)
-    full_state = strategy.full_state_dict()
-    result |= final | {"step": tc.steps, "wall_s": time.perf_counter() - t0}
-    if topo.is_main:
-        lines = [f"final  " + "  ".join(f"{k} {v:.4f}" for k, v in final.items())]
-        if "unigram_bpb" in info:
-            ratio = final["val/bits_per_byte"] / info["unigram_bpb"]
-            result["bpb_vs_unigram"] = ratio
-            lines.append(f"unigram baseline {info['unigram_bpb']:.4f} bits/byte; model reaches {ratio:.1%} of it")
-        if tc.sample_bytes and task.unit == "tokens":
-            lines.append("sample:\n" + _sample(cfg, task, full_state, tc.sample_bytes))
-        logger.log({"step": tc.steps, **{f"final/{k.split('/')[-1]}": v for k, v in final.items()}})
-        png = plot(run_dir, task.unit)
-        lines.append(f"outputs in {run_dir} (metrics.jsonl, {png.name}, config.yaml)")
-        result["model_state"] = full_state
-        for line in lines:
-            logger.message(line)
-    logger.close()
-    return result
+        final = evaluate(strategy, task, val_stream, topo.device, None, autocast)
+        full_state = strategy.full_state_dict()
+        result |= final | {"step": tc.steps, "wall_s": time.perf_counter() - t0}
+        if topo.is_main:
+            lines = [f"final  " + "  ".join(f"{k} {v:.4f}" for k, v in final.items())]
+            if "unigram_bpb" in info:
+                ratio = final["val/bits_per_byte"] / info["unigram_bpb"]
+                result["bpb_vs_unigram"] = ratio
+                lines.append(f"unigram baseline {info['unigram_bpb']:.4f} bits/byte; model reaches {ratio:.1%} of it")
+            if tc.sample_bytes and task.unit == "tokens":
+                lines.append("sample:\n" + _sample(cfg, task, full_state, tc.sample_bytes))
+            logger.log({"step": tc.steps, **{f"final/{k.split('/')[-1]}": v for k, v in final.items()}})
+            png = plot(run_dir, task.unit)
+            lines.append(f"outputs in {run_dir} (metrics.jsonl, {png.name}, config.yaml)")
+            result["model_state"] = full_state
+            for line in lines:
+                logger.message(line)
+        return result
+    finally:
+        logger.close()

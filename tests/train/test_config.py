@@ -44,6 +44,7 @@ def test_experiments_compose():
     ("trainer.precision=fp8", ["trainer.precision", "fp32", "bf16"]),
     ("strategy=zero3", ["strategy/zero3", "full_shard", "hybrid_shard", "zero1"]),
     ("nme=x", ["unknown key 'nme'", "name"]),
+    ("experiment=resnet_synthetic data=cifar10", ["unknown key 'data.train_samples'", "root", "download"]),
     ("model=gpt data=cifar10", ["model=gpt needs token data"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
