@@ -118,15 +118,15 @@ def _verify_same_model(params: list[tuple[str, nn.Parameter]], buffers: list[tup
     world = dist.get_world_size(group)
     if world == 1:
         return
-    counts = torch.zeros(world, dtype=torch.int64)
-    comm.all_gather(counts, torch.tensor([len(entries)], dtype=torch.int64), group=group)
+    dev = params[0][1].device if params else torch.device("cpu")  # NCCL only moves device tensors
+    counts = torch.zeros(world, dtype=torch.int64, device=dev)
+    comm.all_gather(counts, torch.tensor([len(entries)], dtype=torch.int64, device=dev), group=group)
     width = int(counts.max())
-    mine = torch.full((width,), -1, dtype=torch.int64)
-    for k, e in enumerate(entries):
-        mine[k] = int.from_bytes(hashlib.blake2b(e.encode(), digest_size=8).digest(), "little") >> 1
-    table = torch.zeros(world * width, dtype=torch.int64)
-    comm.all_gather(table, mine, group=group)
-    table = table.view(world, width)
+    hashes = [int.from_bytes(hashlib.blake2b(e.encode(), digest_size=8).digest(), "little") >> 1 for e in entries]
+    mine = torch.tensor(hashes + [-1] * (width - len(hashes)), dtype=torch.int64)
+    table = torch.zeros(world * width, dtype=torch.int64, device=dev)
+    comm.all_gather(table, mine.to(dev), group=group)
+    table = table.view(world, width).cpu()
     differs = (table != table[0]).any(dim=0).nonzero()
     if differs.numel():
         k = int(differs[0])

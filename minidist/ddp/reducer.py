@@ -10,10 +10,12 @@ Follow one gradient:
 3. when the count hits zero the bucket is FULL, and ``_launch_full_buckets``
    hands every FULL bucket, in bucket order, to the comm hook, which starts an
    async all_reduce and returns a future. Backward keeps running meanwhile;
-4. at the end of backward the autograd engine runs ``_finalize_backward``
+4. when a bucket's reduction completes, its continuation (``_write_back``)
+   copies the averages into ``p.grad``, while backward still runs;
+5. at the end of backward the autograd engine runs ``_finalize_backward``
    (queued with ``Variable._execution_engine.queue_callback`` by the first
-   hook of the backward): it waits on every future and writes the averages
-   back into ``p.grad``.
+   hook of the backward): it completes unused parameters and waits on every
+   future, so when backward() returns every ``p.grad`` holds the average.
 
 Why launch strictly in bucket order: gloo and NCCL match collectives by the
 order in which each rank issues them. If rank 0 launched bucket 2 before
@@ -119,6 +121,7 @@ class Reducer:
         if self.num_rebuilds == 0 and len(self._ready_order) == len(self.params):
             order = torch.tensor(self._ready_order, dtype=torch.int64)
             src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+            order = order.to(self.buckets[0].flat.device)  # NCCL only moves device tensors
             comm.broadcast(order, src=src, group=self.group)  # everyone builds rank 0's buckets
             self._build(order.tolist())
             self.num_rebuilds += 1
@@ -159,8 +162,30 @@ class Reducer:
         """Launch every FULL bucket from the next one in order; stop at the first still FILLING."""
         while self._next_launch < len(self.buckets) and self.buckets[self._next_launch].state is BucketState.FULL:
             bucket = self.buckets[self._next_launch]
-            bucket.launch(self.comm_hook(self.hook_state, bucket))
+            bucket.launch(self.comm_hook(self.hook_state, bucket).then(self._write_back(bucket)))
             self._next_launch += 1
+
+    def _write_back(self, bucket: Bucket):
+        """The continuation of a bucket's reduction: result into the bucket, then into p.grad.
+
+        It runs when the collective completes (on NCCL, ordered on the stream
+        after it), while backward is still computing earlier layers, so the
+        copy back into p.grad is hidden too. Safe: autograd is done with these
+        gradients (their hooks fired) and touches them no more this backward.
+        With find_unused_parameters the write waits for the end of backward,
+        which knows which parameters no rank used.
+        """
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            result = fut.value()
+            if isinstance(result, list):  # a raw Work future yields [tensor]
+                result = result[0]
+            if result.data_ptr() != bucket.flat.data_ptr():
+                bucket.flat.copy_(result.view_as(bucket.flat))
+            if not self.policy.find_unused_parameters:
+                for i, view in zip(bucket.param_ids, bucket.views):
+                    self._write_grad(self.params[i], view)
+            return bucket.flat
+        return done
 
     def _finalize_backward(self) -> None:
         """End of backward: complete the unused, wait for every bucket, write the averages to p.grad."""
@@ -179,11 +204,12 @@ class Reducer:
                 self._mark_ready(i)  # its local grad (accumulated under no_sync) or zeros
             globally_used = self._globally_used() if self.policy.find_unused_parameters else None
             for bucket in self.buckets:
-                bucket.finish()
+                bucket.finish()  # p.grad already written by _write_back, unless find_unused
+                if globally_used is None:
+                    continue
                 for i, view in zip(bucket.param_ids, bucket.views):
-                    if globally_used is not None and not globally_used[i]:
-                        continue  # no rank used it: leave p.grad alone, as a single process would
-                    self._write_grad(self.params[i], view)
+                    if globally_used[i]:  # no rank used it: leave p.grad alone, as one process would
+                        self._write_grad(self.params[i], view)
             for bucket in self.buckets:
                 bucket.reset()
         finally:
@@ -200,7 +226,8 @@ class Reducer:
 
     def _write_grad(self, p: nn.Parameter, view: torch.Tensor) -> None:
         if self.policy.gradient_as_bucket_view:
-            p.grad = view  # already the reduced bucket; a no-op when it was already the view
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view  # normally it already is the view, reduced in place
         elif p.grad is None:
             p.grad = view.clone()
         else:
