@@ -110,7 +110,7 @@ CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
-def cifar10(root: str, download: bool, group=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def cifar10(root: str, download: bool, group=None, device=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """CIFAR-10 as normalised float tensors. Rank 0 downloads; every rank learns whether it worked."""
     import torch.distributed as dist
     from torchvision.datasets import CIFAR10
@@ -125,7 +125,7 @@ def cifar10(root: str, download: bool, group=None) -> dict[str, tuple[torch.Tens
             load()
         except Exception as exc:  # noqa: BLE001 - offline, missing or corrupt: one message
             err = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    failed = torch.tensor([1 if err else 0])
+    failed = torch.tensor([1 if err else 0], device=device)
     comm.broadcast(failed, src=0, group=group)
     if failed.item():
         how = ("download failed (is this machine offline?)" if download else "data.download=false")
@@ -252,7 +252,7 @@ def build_datasets(cfg, topo) -> tuple[object, object, dict]:
         k = d.train_samples
         return Images(x[:k], y[:k]), Images(x[k:], y[k:]), info
     if d.source == "cifar10":
-        splits = cifar10(d.root, d.download, topo.group)
+        splits = cifar10(d.root, d.download, topo.group, topo.device)
         return Images(*splits["train"], augment=d.augment), Images(*splits["val"]), info
     raise ValueError(f"unknown data.source={d.source!r}")
 

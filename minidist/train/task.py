@@ -35,10 +35,10 @@ class LanguageModeling:
 
     @staticmethod
     def eval_sums(model: nn.Module, batch) -> torch.Tensor:
-        """[summed loss in nats, tokens]: summed so ranks can add them."""
+        """[summed loss in nats, tokens] on the model's device (NCCL reduces device tensors only)."""
         logits, _ = model(batch[0])
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[1].reshape(-1), reduction="sum")
-        return torch.stack([loss.detach().double().cpu(), torch.tensor(float(batch[1].numel()), dtype=torch.float64)])
+        return torch.stack([loss.detach().double(), loss.new_tensor(batch[1].numel(), dtype=torch.float64)])
 
     @staticmethod
     def report(sums: torch.Tensor) -> dict[str, float]:
@@ -70,8 +70,8 @@ class Classification:
         logits = model(batch[0]).float()
         loss = F.cross_entropy(logits, batch[1], reduction="sum")
         correct = (logits.argmax(-1) == batch[1]).sum()
-        return torch.stack([loss.detach().double().cpu(), torch.tensor(float(len(batch[1])), dtype=torch.float64),
-                            correct.double().cpu()])
+        return torch.stack([loss.detach().double(), loss.new_tensor(len(batch[1]), dtype=torch.float64),
+                            correct.double()])
 
     @staticmethod
     def report(sums: torch.Tensor) -> dict[str, float]:

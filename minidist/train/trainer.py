@@ -47,20 +47,20 @@ def run_dir_for(cfg, topo: Topology) -> Path:
     """<out_dir>/<name>, the same on every rank: a missing name is chosen by rank 0 and broadcast."""
     name = cfg.name
     if not name:
-        buf = torch.zeros(256, dtype=torch.uint8)
+        buf = torch.zeros(256, dtype=torch.uint8, device=topo.device)  # NCCL: device tensors only
         if topo.is_main:
             stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
             raw = f"{cfg.model.name}-{cfg.strategy.name}-{stamp}".encode()
-            buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+            buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8, device=topo.device)
         comm.broadcast(buf, src=0, group=topo.group)
-        name = bytes(buf[buf != 0].tolist()).decode()
+        name = bytes(buf[buf != 0].cpu().tolist()).decode()
     return Path(cfg.out_dir) / name
 
 
 def _all_mean(values: list[float], topo: Topology) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=topo.device)
     comm.all_reduce(t, group=topo.group)
-    return (t / topo.world_size).tolist()
+    return (t / topo.world_size).cpu().tolist()
 
 
 @torch.no_grad()
@@ -76,7 +76,7 @@ def evaluate(strategy, task, stream: BatchStream, device, max_batches, autocast)
     model.train()
     strategy.end_eval()
     comm.all_reduce(sums, group=strategy.topo.group)
-    return task.report(sums)
+    return task.report(sums.cpu())
 
 
 def _sample(cfg, task, full_state: dict, n_bytes: int) -> str:
