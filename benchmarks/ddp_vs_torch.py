@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, nargs="+", default=[0.0, 20.0],
                         help="backward sleep per block (emulated accelerator compute); 0 = pure CPU")
     parser.add_argument("--buckets", type=float, nargs="+", default=[1, 5, 25, 100], help="bucket_cap_mb values")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--gradient-as-bucket-view", action="store_true", help="for both minidist and torch")
     args = parser.parse_args()
     with runtime.distributed("gloo") as topo:

@@ -193,7 +193,6 @@ class Reducer:
             missing = [i for i, r in enumerate(self._ready) if not r]
             if missing and not self.policy.find_unused_parameters:
                 names = ", ".join(f"'{self.names[i]}'" for i in missing[:8]) + (" ..." if len(missing) > 8 else "")
-                self._abandon()
                 raise RuntimeError(
                     f"DDP: {len(missing)} parameter(s) that require grad received no gradient in this backward: "
                     f"{names}. Every rank must produce a gradient for every bucketed parameter, or the "
@@ -212,6 +211,9 @@ class Reducer:
                         self._write_grad(self.params[i], view)
             for bucket in self.buckets:
                 bucket.reset()
+        except BaseException:
+            self._abandon()  # wait out launched work, so the next iteration starts clean
+            raise
         finally:
             self._ready = [False] * len(self.params)
             self._used = [False] * len(self.params)
