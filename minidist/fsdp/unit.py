@@ -91,6 +91,7 @@ class Schedule:
         self.callback_queued = False
         self.sync_grads = True                    # False inside no_sync()
         self.peak_live = 0                        # most unsharded units alive at once (testing, stats)
+        self.last_reducing: FSDPUnit | None = None  # its reduce_scatter may still be in flight
 
     # -- order ----------------------------------------------------------------------------------
     def record_pre_forward(self, unit: "FSDPUnit") -> None:
@@ -128,6 +129,19 @@ class Schedule:
         live = sum(1 for u in self.units if u.flat.is_allocated and not u.flat.aliased)
         self.peak_live = max(self.peak_live, live)
 
+    # -- reductions -----------------------------------------------------------------------------
+    def wait_previous_reduction(self, unit: "FSDPUnit") -> None:
+        """Before `unit` reduces, wait for the previous unit's reduce_scatter and free its input.
+
+        Why: the reduce_scatter input is the unit's full padded gradient (S_unit bytes). Holding
+        every unit's until the end of backward would cost the whole model's gradients at the
+        peak; one in flight behind the current one still overlaps communication with the
+        backward compute between the two post_backwards.
+        """
+        if self.last_reducing is not None and self.last_reducing is not unit:
+            self.last_reducing.wait_reduce_scatter()
+        self.last_reducing = unit
+
     # -- end of backward ------------------------------------------------------------------------
     def queue_finish(self) -> None:
         """Called from the first pre_backward of a backward pass: run finish() when it ends."""
@@ -148,6 +162,7 @@ class Schedule:
         for u in self.units:
             u.finish_reduction()
         self.prefetched.clear()
+        self.last_reducing = None
         self.callback_queued = False
         self.recording = False
 
@@ -168,6 +183,7 @@ class FSDPUnit:
         self._reduce_output: torch.Tensor | None = None
         self._rs_work = None
         self._ar_work = None
+        self._reducing = False                          # a reduction started and not yet finished
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_accumulated)
         if flat.infos:
@@ -256,6 +272,7 @@ class FSDPUnit:
         assert self.training_state is TrainingState.PRE_BACKWARD, f"post_backward of {self} in {self.training_state}"
         self.training_state = TrainingState.POST_BACKWARD
         if self.schedule.sync_grads and self._trainable:
+            self.schedule.wait_previous_reduction(self)
             self._start_reduction()
         self.reshard()
 
@@ -263,7 +280,7 @@ class FSDPUnit:
         """End of backward: reduce and reshard what post_backward did not reach."""
         if self.training_state is TrainingState.PRE_BACKWARD:
             self.post_backward()
-        elif self.schedule.sync_grads and self._reduce_input is None and self.flat.has_unsharded_grads:
+        elif self.schedule.sync_grads and not self._reducing and self.flat.has_unsharded_grads:
             self._start_reduction()  # grads accumulated under no_sync, this backward touched none
         self.reshard()
         self._grads_ready = 0
@@ -272,6 +289,7 @@ class FSDPUnit:
     # -- gradient reduction ---------------------------------------------------------------------
     def _start_reduction(self) -> None:
         dtype = self.comm.reduce_dtype or self.flat.param_dtype
+        self._reducing = True
         flat_grad = self.flat.flat_grad(dtype)   # (padded,)
         self._reduce_input = flat_grad
         if self.comm.shard_world == 1:
@@ -286,6 +304,7 @@ class FSDPUnit:
         if self._rs_work is not None:
             self._rs_work.wait()
             self._rs_work = None
+            self._reduce_input = None  # the padded full gradient: S bytes, free it now
         if self._reduce_output is not None and self.comm.replicate_world > 1 and self._ar_work is None:
             self._ar_work = collectives.all_reduce_grad(self._reduce_output, self.comm.replicate_group)
 
@@ -299,3 +318,4 @@ class FSDPUnit:
         shard_grad = self._reduce_output.to(self.flat.dtype).div_(self.comm.grad_divisor)
         self.flat.accumulate_sharded_grad(shard_grad)
         self._reduce_input = self._reduce_output = None
+        self._reducing = False
