@@ -76,6 +76,7 @@ def _rebuild_and_trace() -> dict:
     for p in model.module.parameters():
         p.register_post_accumulate_grad_hook(lambda p: seen.append(names[id(p)]))
     before = model.reducer.bucket_param_names()
+    before_numels = [b.flat.numel() for b in model.reducer.buckets]
     x, y = torch.randn(6, 13), torch.randn(6, 5)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sent, payload, ops = [], [], []
@@ -90,8 +91,9 @@ def _rebuild_and_trace() -> dict:
         ops.append(sorted({r.op for r in t.records}))
         if step == 0:
             first_order = list(seen)
+            launched = [r.numel for r in t.records if r.op == "all_reduce"]
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return dict(before=before, after=model.reducer.bucket_param_names(), first_order=first_order,
+    return dict(launched=launched, before_numels=before_numels, before=before, after=model.reducer.bucket_param_names(), first_order=first_order,
                 rebuilds=model.reducer.num_rebuilds, sent=sent, payload=payload, ops=ops,
                 grad_bytes=grad_bytes, n_buckets=len(model.reducer.buckets), world=world)
 
@@ -106,6 +108,9 @@ def test_rebuild_once_in_ready_order_and_trace_bytes(run_dist, world):
         assert r["after"] == r0["after"], "every rank builds the same buckets"
         assert r["before"][0][0].startswith("c."), "initial buckets are in reverse registration order"
         assert r["before"] != r["after"]
+        # step 0: bucket 0 (c.*) fills last, yet every rank launches the buckets in bucket order
+        assert r["launched"] == r["before_numels"]
+        assert r["first_order"][0].startswith("a."), "the model is built so that later buckets fill first"
         S, n = r["grad_bytes"], world
         for step in range(4):
             assert r["payload"][step] == S, "each gradient byte is all_reduced exactly once per step"
