@@ -32,7 +32,8 @@ import torch.nn as nn
 
 from minidist.fsdp import state_dict as _sd
 from minidist.fsdp.param import FlatParamShard, ParamInfo
-from minidist.fsdp.unit import FSDPUnit, Schedule, UnitComm
+from minidist.fsdp.schedule import Schedule
+from minidist.fsdp.unit import FSDPUnit, UnitComm
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
 
