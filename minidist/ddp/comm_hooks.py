@@ -41,7 +41,7 @@ def _group(state):
 
 
 def allreduce_hook(state, bucket: Bucket) -> torch.futures.Future:
-    """Default: all_reduce(SUM) the bucket in place, then divide by the world size.
+    """The textbook average: all_reduce(SUM) the bucket in place, then divide by the world size.
 
     Sends 2 S (N-1)/N bytes per rank for a bucket of S bytes (ring all_reduce).
     """
@@ -49,6 +49,19 @@ def allreduce_hook(state, bucket: Bucket) -> torch.futures.Future:
     n = _world(state)
     work = comm.all_reduce(buf, comm.ReduceOp.SUM, group=_group(state), async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0].div_(n))
+
+
+def presummed_allreduce_hook(state, bucket: Bucket) -> torch.futures.Future:
+    """The reducer's own default: all_reduce(SUM) of gradients already divided by the world size.
+
+    When no hook is registered, the reducer multiplies each gradient by 1/N
+    *while* copying it into the bucket (one fused pass, as torch's reducer
+    does), so nothing is left to do after the sum. allreduce_hook instead
+    divides after the sum: one more pass over the bucket, on the critical path
+    for the last bucket, which is why it is not the default.
+    """
+    work = comm.all_reduce(bucket.buffer(), comm.ReduceOp.SUM, group=_group(state), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 def _compress_hook(dtype: torch.dtype):
@@ -72,4 +85,4 @@ def _compress_hook(dtype: torch.dtype):
 fp16_compress_hook: CommHook = _compress_hook(torch.float16)
 bf16_compress_hook: CommHook = _compress_hook(torch.bfloat16)
 
-__all__ = ["CommHook", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["CommHook", "allreduce_hook", "presummed_allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]

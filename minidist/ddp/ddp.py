@@ -35,8 +35,9 @@ class DDP(nn.Module):
     """Data parallelism: replicate `module`, average gradients with bucketed async all_reduce.
 
     Arguments mirror torch.nn.parallel.DistributedDataParallel. `comm_hook`
-    (hook(state, bucket) -> Future[Tensor]) replaces the default
-    all_reduce-then-divide; its state is the process group.
+    (hook(state, bucket) -> Future[Tensor], see comm_hooks.py) replaces the
+    default average (each gradient divided by N as it is copied into its
+    bucket, then all_reduce SUM); its state is the process group.
     """
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
@@ -64,9 +65,7 @@ class DDP(nn.Module):
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Reduce every bucket with hook(state, bucket) -> Future[Tensor] (the average) from now on."""
-        if self.reducer._backwards_started:
-            raise RuntimeError("DDP: register_comm_hook must be called before the first backward")
-        self.reducer.comm_hook, self.reducer.hook_state = hook, state
+        self.reducer.set_comm_hook(state, hook)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

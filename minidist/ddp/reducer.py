@@ -6,7 +6,9 @@ Follow one gradient:
    hook (registered below) -> ``_on_grad_ready(i)``;
 2. ``_mark_ready(i)`` copies ``p.grad`` into its slot of its bucket's flat
    buffer (or, with gradient_as_bucket_view, ``p.grad`` already *is* that
-   slot) and counts the bucket down;
+   slot) and counts the bucket down. With the default hook the copy also
+   divides by N (one fused pass: the sum of the scaled gradients is the mean);
+   a registered hook gets plain sums and divides itself;
 3. when the count hits zero the bucket is FULL, and ``_launch_full_buckets``
    hands every FULL bucket, in bucket order, to the comm hook, which starts an
    async all_reduce and returns a future. Backward keeps running meanwhile;
@@ -44,7 +46,7 @@ import torch.nn as nn
 
 from minidist import comm
 from minidist.ddp.bucket import FIRST_BUCKET_BYTES, Bucket, BucketState, MiB, assign_buckets
-from minidist.ddp.comm_hooks import allreduce_hook
+from minidist.ddp.comm_hooks import presummed_allreduce_hook
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,10 @@ class Reducer:
         self.names = names
         self.policy = policy
         self.group = process_group
-        self.comm_hook: Callable[[Any, Bucket], torch.futures.Future] = allreduce_hook
+        self.comm_hook: Callable[[Any, Bucket], torch.futures.Future] = presummed_allreduce_hook
         self.hook_state: Any = process_group
+        self._prescale: float | None = 1.0 / dist.get_world_size(process_group)
+        """With the default hook, gradients are divided by N on their way into the bucket."""
         self.sync = True
         """Whether the coming backward reduces (False under DDP.no_sync())."""
         self.buckets: list[Bucket] = []
@@ -149,10 +153,17 @@ class Reducer:
         p, (b, j) = self.params[i], self._slot[i]
         bucket, view = self.buckets[b], self.buckets[b].views[j]
         g = p.grad
+        scale = self._prescale
         if g is None:
             view.zero_()  # unused this iteration (find_unused_parameters)
-        elif not (g.data_ptr() == view.data_ptr() and g.shape == view.shape):
-            view.copy_(g)
+        elif g.data_ptr() == view.data_ptr() and g.shape == view.shape:
+            if scale is not None:
+                view.mul_(scale)  # gradient_as_bucket_view: already in place
+        else:
+            if scale is not None:
+                torch.mul(g, scale, out=view)  # copy and divide in one pass
+            else:
+                view.copy_(g)
             if self.policy.gradient_as_bucket_view:
                 p.grad = view  # from now on autograd accumulates straight into the bucket
         if bucket.mark_ready():
@@ -241,6 +252,12 @@ class Reducer:
             bucket.abandon()
             bucket.reset()
         self._ready_order = []
+
+    def set_comm_hook(self, state: Any, hook: Callable[[Any, Bucket], torch.futures.Future]) -> None:
+        """A registered hook receives the plain local sums and must return the average itself."""
+        if self._backwards_started:
+            raise RuntimeError("DDP: register_comm_hook must be called before the first backward")
+        self.comm_hook, self.hook_state, self._prescale = hook, state, None
 
     def remove_hooks(self) -> None:
         for h in self._handles:
