@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from minidist import comm
 from minidist.fsdp import state_dict as _sd
 from minidist.fsdp.param import FlatParamShard, ParamInfo
 from minidist.fsdp.schedule import Schedule
@@ -134,7 +135,21 @@ def _build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
 
 
 class FSDP(nn.Module):
-    """Fully sharded data parallel wrapper. See the module docstring and minidist.fsdp.unit."""
+    """Fully sharded data parallel wrapper. See the module docstring and minidist.fsdp.unit.
+
+    module: the model, already on its device (the shards are views of buffers built here).
+    process_group: the ranks that share the work (None = world); for hybrid_shard a
+        (shard_group, replicate_group) tuple, see hybrid_groups().
+    wrap: module classes, or a predicate on a module, choosing the units; the parameters
+        no unit claims form the root unit.
+    forward_prefetch / backward_prefetch / max_inflight_all_gathers: how far ahead the next
+        units' all_gathers are issued (see minidist.fsdp.schedule).
+    param_dtype / reduce_dtype (or mp_policy): mixed precision, see MixedPrecisionPolicy.
+
+    Parameters keep their names under `.module` (fsdp.module.named_parameters() gives the
+    plain module's names); their values are this rank's 1-D shards, which the optimizer
+    updates. Wrap before building the optimizer; do not move the module afterwards.
+    """
 
     def __init__(self, module: nn.Module, *, process_group=None, wrap: WrapPolicy = None,
                  sharding_strategy: str | ShardingStrategy = "full_shard", forward_prefetch: bool = True,
@@ -217,12 +232,11 @@ class FSDP(nn.Module):
         if norm_type == float("inf"):
             local = max((g.abs().max() for g in grads if g.numel()), default=torch.zeros((), device=dev))
             total = local.float().clone()
-            op = dist.ReduceOp.MAX
+            op = comm.ReduceOp.MAX
         else:
             total = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.zeros((), device=dev))
-            op = dist.ReduceOp.SUM
+            op = comm.ReduceOp.SUM
         if self._comm.shard_world > 1:
-            from minidist import comm
             comm.all_reduce(total, op, group=self._comm.shard_group)
         if norm_type != float("inf"):
             total = total ** (1.0 / norm_type)
