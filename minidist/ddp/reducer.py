@@ -88,6 +88,8 @@ class Reducer:
         self._in_backward = False
         self._backwards_started = 0
         self._ready_order: list[int] = []
+        """Parameter indices in the order their gradients became ready, in the first synced backward."""
+        self._order_done = False
         self.num_rebuilds = 0
         self._build(list(reversed(range(len(params)))))
         ref = weakref.ref(self)  # hooks must not keep a discarded DDP alive
@@ -122,7 +124,7 @@ class Reducer:
     def prepare_for_forward(self, sync: bool) -> None:
         """Called by DDP.forward: rebuild buckets once in ready order, remember whether to sync."""
         self.sync = sync
-        if self.num_rebuilds == 0 and len(self._ready_order) == len(self.params):
+        if self.num_rebuilds == 0 and self._order_done:
             order = torch.tensor(self._ready_order, dtype=torch.int64)
             src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
             order = order.to(self.buckets[0].flat.device)  # NCCL only moves device tensors
@@ -148,7 +150,7 @@ class Reducer:
                                f"(reentrant backward or a second backward through the same graph); "
                                f"minidist.DDP supports one gradient per parameter per synced backward.")
         self._ready[i] = True
-        if self.num_rebuilds == 0:
+        if self.num_rebuilds == 0 and not self._order_done:
             self._ready_order.append(i)
         p, (b, j) = self.params[i], self._slot[i]
         bucket, view = self.buckets[b], self.buckets[b].views[j]
@@ -222,6 +224,7 @@ class Reducer:
                         self._write_grad(self.params[i], view)
             for bucket in self.buckets:
                 bucket.reset()
+            self._order_done = self.num_rebuilds == 0  # recorded once, used by the next forward
         except BaseException:
             self._abandon()  # wait out launched work, so the next iteration starts clean
             raise
@@ -251,7 +254,8 @@ class Reducer:
         for bucket in self.buckets:
             bucket.abandon()
             bucket.reset()
-        self._ready_order = []
+        if not self._order_done:
+            self._ready_order = []  # a partial record; the next synced backward records afresh
 
     def set_comm_hook(self, state: Any, hook: Callable[[Any, Bucket], torch.futures.Future]) -> None:
         """A registered hook receives the plain local sums and must return the average itself."""
