@@ -136,6 +136,8 @@ def exit_on_error(exc: BaseException) -> None:
     """
     if os.environ.get("MINIDIST_TRACEBACK"):
         raise exc
-    print(f"{rank_prefix()}error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    # Backend errors (gloo, NCCL) append C++ frames after the first line: keep the message only.
+    message = str(exc).strip().split("\n", 1)[0]
+    print(f"{rank_prefix()}error: {type(exc).__name__}: {message}", file=sys.stderr, flush=True)
     shutdown()
     sys.exit(1)
