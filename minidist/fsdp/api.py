@@ -201,6 +201,9 @@ class FSDP(nn.Module):
             kwargs = {k: cast(v) for k, v in kwargs.items()}
         out = self.module(*args, **kwargs)
         self._schedule.end_forward()
+        if not torch.is_grad_enabled():  # no backward will come to free what forward kept
+            for unit in self._units:
+                unit.reshard()
         return out
 
     @contextlib.contextmanager

@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from minidist.fsdp import FSDP, hybrid_groups
-from tests.fsdp.helpers import WRAPS, make_batches, make_model, max_diff, reference, train
+from tests.fsdp.helpers import WRAPS, loss_of, make_batches, make_model, max_diff, reference, train
 
 TOL = 1e-6
 
@@ -25,7 +26,10 @@ def _reference(kind: str, world: int):
 
 def _run(kind: str, wrap: bool, **fsdp_kwargs) -> float:
     model = FSDP(make_model(kind), wrap=WRAPS[kind] if wrap else None, **fsdp_kwargs)
-    train(kind, model, make_batches(kind), shard=True)
+    batches = make_batches(kind)
+    train(kind, model, batches, shard=True)
+    with torch.no_grad():  # an evaluation forward leaves every unit sharded (shard_grad_op too)
+        loss_of(kind, model, *batches[0])
     return max_diff(model.full_state_dict(rank0_only=False), _reference(kind, dist.get_world_size()))
 
 
