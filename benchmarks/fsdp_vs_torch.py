@@ -2,11 +2,16 @@
 
     .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_vs_torch.py
     .venv/bin/torchrun --standalone --nproc_per_node=N benchmarks/fsdp_vs_torch.py --mode memory   # N = 1, 2, 4
+    .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_vs_torch.py --mode overlap
 
 Mode "speed" (default): the same GPT (wrapped per Block, full_shard, fp32 AdamW) under
 both engines, gloo on the CPU, alternating rounds of steps in one invocation so that
 machine load hits both alike. Prints the median step-time ratio (minidist / torch) and
 the per-rank peak-memory ratio.
+
+Mode "overlap": the units are layers whose forward and backward sleep (emulated accelerator
+compute that leaves the CPU free, as PyTorch's own FSDP tests inject delays); step time
+with prefetch on vs off shows how much all_gather / reduce_scatter time hides behind it.
 
 Mode "memory": per-rank persistent bytes (params + grads + AdamW state) and peak bytes
 of one step, against the ZeRO-3 formula (4 + 4 + 8) psi / N for psi fp32 parameters.
@@ -100,6 +105,57 @@ def persistent_bytes(model, opt) -> int:
     return total
 
 
+class _Sleep(torch.autograd.Function):
+    """Identity whose forward and backward each sleep: compute that does not occupy the CPU."""
+
+    @staticmethod
+    def forward(ctx, x, seconds: float):
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(2 * ctx.seconds)  # backward costs about twice the forward
+        return grad, None
+
+
+class SleepLayer(torch.nn.Module):
+    def __init__(self, width: int, seconds: float):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.seconds = seconds
+
+    def forward(self, x):
+        return torch.tanh(self.lin(_Sleep.apply(x, self.seconds)))
+
+
+def overlap(steps: int) -> None:
+    width, depth, seconds = 1024, 6, 0.02
+    def run(**kw) -> float:
+        torch.manual_seed(0)
+        layers = torch.nn.Sequential(*(SleepLayer(width, seconds) for _ in range(depth)))
+        model = FSDP(layers, wrap={SleepLayer}, **kw)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(4, width)
+        times = []
+        for i in range(steps + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            times.append(time.perf_counter() - t0)
+        return reduce_max(statistics.median(times[2:]))
+    on = run(max_inflight_all_gathers=1)
+    off = run(forward_prefetch=False, backward_prefetch=False)
+    if dist.get_rank() == 0:
+        print(f"{depth} layers of {width}x{width}, {seconds * 1e3:.0f} ms forward + {2 * seconds * 1e3:.0f} ms backward "
+              f"sleep each (pure compute {3 * depth * seconds * 1e3:.0f} ms/step)")
+        print(f"  prefetch on  {on * 1e3:8.1f} ms/step\n  prefetch off {off * 1e3:8.1f} ms/step")
+        print(f"overlap speed-up (off / on): {off / on:.2f}x")
+
+
 def reduce_max(value: float) -> float:
     t = torch.tensor(float(value))
     dist.all_reduce(t, dist.ReduceOp.MAX)
@@ -143,14 +199,19 @@ def memory() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("speed", "memory"), default="speed")
+    ap.add_argument("--mode", choices=("speed", "memory", "overlap"), default="speed")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     try:
-        speed(args.rounds, args.steps) if args.mode == "speed" else memory()
+        if args.mode == "speed":
+            speed(args.rounds, args.steps)
+        elif args.mode == "overlap":
+            overlap(args.steps * 2)
+        else:
+            memory()
     finally:
         dist.destroy_process_group()
 
