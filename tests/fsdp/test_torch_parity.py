@@ -46,9 +46,11 @@ def _ours(**kw):
 def body_parity() -> dict:
     ours32, _ = _ours()
     ours16, dtypes = _ours(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    ours16r, dtypes16r = _ours(param_dtype=torch.bfloat16)  # reduce_dtype None: reduce in bf16 too
     ref32 = _torch_fsdp(mp=False)
     return {"fp32": max_diff(ours32, ref32), "bf16": max_diff(ours16, _torch_fsdp(mp=True)),
-            "bf16_vs_fp32": max_diff(ours16, ref32), "dtypes": dtypes}
+            "bf16_vs_fp32": max_diff(ours16, ref32), "dtypes": dtypes,
+            "bf16_reduce_vs_fp32_reduce": max_diff(ours16r, ours16), "dtypes_bf16_reduce": dtypes16r}
 
 
 def test_matches_torch_fully_shard(run_dist):
@@ -57,3 +59,6 @@ def test_matches_torch_fully_shard(run_dist):
         assert r["bf16"] < BF16_TOL, r
         assert r["bf16_vs_fp32"] > 1e-6, "bf16 compute should not be bit-identical to fp32"
         assert r["dtypes"] == {("all_gather", "bfloat16"), ("reduce_scatter", "float32")}, r["dtypes"]
+        assert r["dtypes_bf16_reduce"] == {("all_gather", "bfloat16"), ("reduce_scatter", "bfloat16")}, r
+        # reducing in bf16 rounds the gradients once more: a small change, not none
+        assert 1e-7 < r["bf16_reduce_vs_fp32_reduce"] < 1e-2, r
