@@ -7,7 +7,7 @@ all_reduce the backward hides.
 Same model, same data, world 2, gloo on the CPU. For every bucket size and
 backward-sleep setting, minidist and torch steps are interleaved (minidist,
 torch, minidist under no_sync, torch under no_sync, repeated), and medians are
-compared, so machine noise hits both alike.
+compared, so machine noise hits both alike (the two swap places every repeat).
 
 Why a sleeping backward: with 2 ranks on 2 cores, gloo's threads compete with
 the backward matmuls for the same cores, so no overlap is visible. A layer whose
@@ -112,10 +112,11 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
         for name in models:
             step_time(models[name], opts[name], x, y, True)
     t = {k: [] for k in ("ours", "torch", "ours_nosync", "torch_nosync", "comm")}
-    for _ in range(args.repeats):
-        for name in models:
+    for rep in range(args.repeats):
+        order = ["ours", "torch"] if rep % 2 == 0 else ["torch", "ours"]  # neither always goes first
+        for name in order:
             t[name].append(step_time(models[name], opts[name], x, y, True))
-        for name in models:
+        for name in order:
             t[name + "_nosync"].append(step_time(models[name], opts[name], x, y, False))
         t["comm"].append(comm_time(ours))
     med = {k: statistics.median(v) for k, v in t.items()}
