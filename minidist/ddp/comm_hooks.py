@@ -6,8 +6,9 @@ The contract mirrors torch's ``DistributedDataParallel.register_comm_hook``:
 
 ``bucket`` is a minidist.ddp.bucket.Bucket (``bucket.buffer()`` is the flat
 gradient, ``bucket.parameters()`` its parameters). The future's value must be
-a tensor of ``bucket.buffer()``'s shape holding the *average* over ranks; the
-reducer copies it into the bucket unless it already is the bucket's buffer.
+a tensor of ``bucket.buffer()``'s shape (or a one-element list of it, as a
+Work's own future gives) holding the *average* over ranks; the reducer copies
+it into the bucket unless it already is the bucket's buffer.
 ``state`` is whatever was registered with the hook; for the built-in hooks it
 is the process group (None = the world).
 
