@@ -92,6 +92,9 @@ def init(backend: str = "auto", timeout_s: float = 300.0) -> Topology:
     if not dist.is_initialized():
         if launched:
             kwargs = {"device_id": device} if backend == "nccl" else {}
+            store = _restart_safe_store(rank, world_size, timeout)
+            if store is not None:
+                kwargs |= {"store": store, "rank": rank, "world_size": world_size}
             dist.init_process_group(backend, timeout=timeout, **kwargs)
         else:
             # A world of one with an in-memory store: no ports, no environment.
@@ -104,6 +107,25 @@ def init(backend: str = "auto", timeout_s: float = 300.0) -> Topology:
         device=device,
         group=dist.group.WORLD,
     )
+
+
+def _restart_safe_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """After torchrun restarted the workers, a store whose keys are this attempt's alone.
+
+    torchrun's agent keeps serving the same TCPStore across restarts, so the
+    keys the crashed attempt wrote (each rank's gloo address) are still there; a
+    restarted rank can read its peer's *old* address before the peer rewrites
+    it and fail with "connectFullMesh ... Connection refused". Prefixing every
+    key with the attempt number (TORCHELASTIC_RESTART_COUNT) makes the stale
+    keys invisible. The first attempt uses torch's own env:// store unchanged.
+    """
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    if attempt == 0:
+        return None
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not agent_hosts, timeout=timeout)
+    return dist.PrefixStore(f"minidist/attempt_{attempt}", store)
 
 
 def shutdown() -> None:

@@ -34,13 +34,14 @@ def _noise(stderr: str) -> list[str]:
 
 @needs_ddp
 def test_crashed_worker_restarts_from_checkpoint_and_finishes(tmp_path):
-    # One crash needs one restart; the second allowed restart absorbs a gloo race seen here in ~1 of 3
-    # runs on a loaded machine (a restarted rank's connectFullMesh refused by its not-yet-listening peer).
-    env = ENV | {"NPROC": "2", "MAX_RESTARTS": "2", "RUN": "crash", "CKPT_INTERVAL": "4"}
+    # Exactly one restart allowed: the restarted attempt must rendezvous on its first try
+    # (minidist.runtime prefixes the store keys per attempt; see _restart_safe_store).
+    env = ENV | {"NPROC": "2", "MAX_RESTARTS": "1", "RUN": "crash", "CKPT_INTERVAL": "4"}
     p = subprocess.run(["bash", str(REPO / "launch/local.sh"), *TINY, f"out_dir={tmp_path}",
                         "trainer.crash_at_step=7", "logger.mode=offline"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     run = tmp_path / "crash"
+    assert "Connection refused" not in p.stderr, p.stderr
     assert p.returncode == 0, p.stdout + p.stderr
     assert (run / "crash_injected").exists()
     assert "injected crash before step 7" in p.stderr and "resumed from step 4" in p.stdout, p.stdout + p.stderr
