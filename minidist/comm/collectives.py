@@ -103,9 +103,7 @@ def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call:
     if not _trace._ACTIVE:
         return call()
     issued = time.perf_counter()
-    work = call()
-    _trace.record(op, tensor, numel, group, work, issued, is_root=is_root)
-    return work
+    return _trace.record(op, tensor, numel, group, call(), issued, is_root=is_root)
 
 
 def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], object], async_op: bool):

@@ -158,8 +158,12 @@ def _group_name(group: dist.ProcessGroup | None) -> str:
 
 
 def record(op: str, tensor: torch.Tensor | None, payload_numel: int, group, work, issued_s: float, *,
-           is_root: bool = False) -> None:
-    """Append one Record to every active trace. Called only when _ACTIVE is non-empty."""
+           is_root: bool = False):
+    """Append one Record to every active trace; return the handle the caller should get back.
+
+    Called only when _ACTIVE is non-empty. The record's completion time comes
+    from the work's future, or, for a handle without one, from its wait().
+    """
     world = dist.get_world_size(group)
     itemsize = tensor.element_size() if tensor is not None else 0
     payload = payload_numel * itemsize
@@ -170,12 +174,40 @@ def record(op: str, tensor: torch.Tensor | None, payload_numel: int, group, work
         sent_bytes=ring_bytes_sent(op, payload, world, is_root=is_root),
         async_op=work is not None, issued_s=issued_s,
     )
-    if work is None:
-        rec.completed_s = time.perf_counter()
-    else:
-        def _done(_fut, rec=rec):
-            rec.completed_s = time.perf_counter()
-        work.get_future().add_done_callback(_done)
     for t in _ACTIVE:
         t._add(rec)
+    if work is None:
+        rec.completed_s = time.perf_counter()
+        return None
+    try:
+        future = work.get_future()
+    except RuntimeError:  # gloo's async reduce_scatter has no future: time it at wait()
+        return TimedWork(work, rec)
 
+    def _done(_fut, rec=rec):
+        rec.completed_s = time.perf_counter()
+    future.add_done_callback(_done)
+    return work
+
+
+class TimedWork:
+    """Stands in for a Work handle that has no future: its completion time is taken at wait().
+
+    That is an upper bound on when the collective finished, which is the best a
+    future-less handle allows; everything else passes through unchanged.
+    """
+
+    def __init__(self, work, rec: Record):
+        self._work, self._rec = work, rec
+
+    def wait(self, *args, **kwargs):
+        done = self._work.wait(*args, **kwargs)
+        if self._rec.completed_s is None:
+            self._rec.completed_s = time.perf_counter()
+        return done
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self):
+        return self._work.get_future()

@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
-from minidist.comm.trace import _ACTIVE as _ACTIVE_TRACES
 
 
 def all_gather_shard(full: torch.Tensor, shard: torch.Tensor, group: dist.ProcessGroup | None,
@@ -41,10 +40,6 @@ def all_gather_shard(full: torch.Tensor, shard: torch.Tensor, group: dist.Proces
 def reduce_scatter_grad(out: torch.Tensor, flat_grad: torch.Tensor, group: dist.ProcessGroup | None,
                         async_op: bool = True):
     """Sum `flat_grad` (padded,) over the group; leave this rank's (padded / N,) chunk in `out`."""
-    if _ACTIVE_TRACES and dist.get_backend(group) == "gloo":
-        # gloo's async reduce_scatter Work has no future, which the trace needs to time it:
-        # while a trace records, run it synchronously (same bytes, same result).
-        async_op = False
     return comm.reduce_scatter(out, flat_grad, comm.ReduceOp.SUM, group=group, async_op=async_op)
 
 

@@ -17,6 +17,7 @@ def _traced_step(tmpdir):
         comm.all_reduce(x, async_op=True).wait()
         comm.all_gather(torch.empty(1200 * n), torch.zeros(1200))  # S = full gathered tensor
         comm.reduce_scatter(torch.empty(1200), torch.zeros(1200 * n))  # S = full input
+        comm.reduce_scatter(torch.empty(1200), torch.zeros(1200 * n), async_op=True).wait()  # gloo: no future
         comm.broadcast(x, src=0)
         comm.reduce(x, dst=0)
         comm.all_to_all(torch.empty(1200), torch.zeros(1200))
@@ -45,6 +46,7 @@ def test_trace_bytes_equal_ring_formulas(run_dist, tmp_path, n):
             ("all_reduce", s, 2 * s * (n - 1) // n),
             ("all_reduce", s, 2 * s * (n - 1) // n),
             ("all_gather", s * n, s * n * (n - 1) // n),
+            ("reduce_scatter", s * n, s * n * (n - 1) // n),
             ("reduce_scatter", s * n, s * n * (n - 1) // n),
             ("broadcast", s, s),
             ("reduce", s, s),
