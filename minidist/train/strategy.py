@@ -82,17 +82,6 @@ class Strategy:
             return float(self.model.clip_grad_norm_(max_norm))
         return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm))
 
-    def end_eval(self) -> None:
-        """After forwards under no_grad: put FSDP units back to their shards.
-
-        No backward follows an evaluation forward, so a unit that keeps its gathered
-        parameters after forward (shard_grad_op, or a prefetch that ran ahead) would
-        stay unsharded - holding full-size memory, and state dicts refuse to run.
-        """
-        if self.is_fsdp:
-            for unit in self.model.units:
-                unit.reshard()
-
     def full_state_dict(self) -> dict:
         """The whole model's state on rank 0 ({} elsewhere). Collective for FSDP: call on every rank."""
         if self.is_fsdp:

@@ -74,7 +74,6 @@ def evaluate(strategy, task, stream: BatchStream, device, max_batches, autocast)
             s = task.eval_sums(model, [b.to(device) for b in batch])
         sums = s if sums is None else sums + s
     model.train()
-    strategy.end_eval()
     comm.all_reduce(sums, group=strategy.topo.group)
     return task.report(sums.cpu())
 
@@ -138,7 +137,7 @@ def train(cfg, topo: Topology) -> dict:
             traced = (step + 1) % tc.log_interval == 0
             ts = time.perf_counter()
             with comm.trace() if traced else contextlib.nullcontext() as tr:
-                step_loss = 0.0
+                step_loss = torch.zeros((), device=topo.device)  # summed on device: no host sync per step
                 for micro in range(tc.grad_accum):
                     batch = [b.to(topo.device, non_blocking=True) for b in next(stream)]
                     per_step_items = per_step_items or task.count(batch) * tc.grad_accum * topo.world_size
@@ -146,7 +145,7 @@ def train(cfg, topo: Topology) -> dict:
                     with (contextlib.nullcontext() if last else strategy.no_sync()), autocast():
                         loss = task.loss(strategy.model, batch) / tc.grad_accum
                     loss.backward()
-                    step_loss += float(loss.detach())
+                    step_loss += loss.detach()
                 gnorm = strategy.clip_grad_norm_(tc.grad_clip) if tc.grad_clip > 0 else float("nan")
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -156,7 +155,7 @@ def train(cfg, topo: Topology) -> dict:
             done = step + 1
 
             if traced or done == tc.steps:
-                mean_loss, = _all_mean([window_loss / window_steps], topo)
+                mean_loss, = _all_mean([float(window_loss) / window_steps], topo)
                 step_s = window_time / window_steps
                 row = {"step": done, "train/loss": mean_loss, "train/lr": lr, "train/grad_norm": gnorm,
                        "train/step_s": step_s, f"train/{task.unit}_per_s": per_step_items / step_s}

@@ -31,7 +31,7 @@ def test_tree_beats_ring_on_latency_and_loses_on_bandwidth():
 
 
 def _calibrate():
-    m = calibrate(sizes=(1, 1 << 12, 1 << 18), iters=3)
+    m = calibrate(sizes=(1, 1 << 12, 1 << 20), iters=5)
     return m.alpha, m.beta
 
 
