@@ -23,6 +23,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from minidist.models.gpt import GPTConfig
+
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -116,23 +118,11 @@ class HybridShardStrategy(FSDPStrategy):
 
 # -------------------------------------------------------------------- model
 @dataclass
-class GPTModel:
-    """minidist.models.GPT, a byte-level decoder-only transformer."""
+class GPTModel(GPTConfig):
+    """minidist.models.GPT, a byte-level decoder-only transformer (fields: GPTConfig's)."""
 
     name: str = "gpt"
     """Model name (set by the preset)."""
-    vocab_size: int = 256
-    """Tokens; 256 for byte-level text."""
-    block_size: int = 128
-    """Context length in tokens (one training sample)."""
-    n_layer: int = 4
-    """Transformer blocks."""
-    n_head: int = 4
-    """Attention heads; must divide n_embd."""
-    n_embd: int = 128
-    """Residual stream width."""
-    dropout: float = 0.0
-    """Dropout probability (0 keeps CPU runs bitwise reproducible)."""
 
 
 @dataclass

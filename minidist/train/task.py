@@ -6,6 +6,8 @@ statistics so that ranks can add theirs up with one all_reduce.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import torch
@@ -22,8 +24,8 @@ class LanguageModeling:
     def build(self) -> tuple[nn.Module, tuple[type, ...]]:
         from minidist.models import GPT, Block, GPTConfig
         c = self.cfg
-        return GPT(GPTConfig(vocab_size=c.vocab_size, block_size=c.block_size, n_layer=c.n_layer,
-                             n_head=c.n_head, n_embd=c.n_embd, dropout=c.dropout)), (Block,)
+        fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(GPTConfig)}
+        return GPT(GPTConfig(**fields)), (Block,)
 
     @staticmethod
     def count(batch) -> int:
