@@ -43,11 +43,18 @@ def assign_buckets(params: Sequence[nn.Parameter], bucket_cap_bytes: int,
                    first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
     """Group ``params`` (given in expected-ready order) into buckets; return lists of indices.
 
-    Rules: one dtype and device per bucket; a bucket closes before a parameter
-    would push it past its cap (a parameter larger than the cap gets a bucket of
-    its own); the first bucket of each (dtype, device) is capped at
-    ``min(first_bucket_bytes, bucket_cap_bytes)``. Buckets come back sorted by
-    the position of their first parameter, i.e. in the order they should fill.
+    Rules (torch's ``compute_bucket_assignment_by_size``): one dtype and device
+    per bucket; a bucket closes as soon as it *reaches* its cap, so it may exceed
+    the cap by its last parameter; the first bucket of each (dtype, device) is
+    capped at ``min(first_bucket_bytes, bucket_cap_bytes)``. Buckets come back
+    sorted by the position of their first parameter, i.e. in the order they
+    should fill.
+
+    Why "reaches" and not "would exceed": closing *before* a large parameter
+    leaves behind a bucket holding only what came before it (typically a lone
+    bias of a few KiB), which pays a whole collective's latency alpha for
+    nothing. With Linear layers, a cap below the weight size gives one bucket
+    per layer (weight + bias) rather than two.
     """
     closed: list[list[int]] = []
     open_: dict[tuple, list[int]] = {}
@@ -55,16 +62,13 @@ def assign_buckets(params: Sequence[nn.Parameter], bucket_cap_bytes: int,
     n_closed: dict[tuple, int] = {}
     for i, p in enumerate(params):
         key = (p.dtype, p.device)
+        open_.setdefault(key, []).append(i)
+        open_bytes[key] = open_bytes.get(key, 0) + p.numel() * p.element_size()
         cap = bucket_cap_bytes if n_closed.get(key, 0) else min(first_bucket_bytes, bucket_cap_bytes)
-        size = p.numel() * p.element_size()
-        cur = open_.setdefault(key, [])
-        if cur and open_bytes[key] + size > cap:
-            closed.append(cur)
-            n_closed[key] = n_closed.get(key, 0) + 1
-            cur = open_[key] = []
+        if open_bytes[key] >= cap:
+            closed.append(open_.pop(key))
             open_bytes[key] = 0
-        cur.append(i)
-        open_bytes[key] = open_bytes.get(key, 0) + size
+            n_closed[key] = n_closed.get(key, 0) + 1
     closed.extend(b for b in open_.values() if b)
     return sorted(closed, key=lambda b: b[0])
 

@@ -18,8 +18,18 @@ def test_caps_first_bucket_and_dtypes():
     assert groups == [[0], [1, 2], [3], [4], [5]]
     for g in groups:
         assert len({params[i].dtype for i in g}) == 1, "one dtype per bucket"
-    sizes = [sum(params[i].numel() * params[i].element_size() for i in g) for g in groups]
-    assert sizes[0] <= 400 and all(s <= 800 or len(g) == 1 for s, g in zip(sizes, groups))
+    caps = [400, 800, 400, 800, 800]  # the float64 bucket is the first of its dtype
+    for g, cap in zip(groups, caps):
+        before_last = sum(params[i].numel() * params[i].element_size() for i in g[:-1])
+        assert before_last < cap, "a bucket closes as soon as it reaches its cap"
+
+
+def test_bucket_closes_once_it_reaches_the_cap():
+    # torch's rule: a small parameter followed by a large one share a bucket, which then
+    # exceeds the cap; closing *before* the large one would leave a lone 40 B bucket.
+    params = [_p(10), _p(300), _p(10), _p(300), _p(10)]
+    assert assign_buckets(params, bucket_cap_bytes=800, first_bucket_bytes=400) == [[0, 1], [2, 3], [4]]
+    assert assign_buckets(params, bucket_cap_bytes=10_000, first_bucket_bytes=400) == [[0, 1], [2, 3, 4]]
 
 
 def test_tiny_and_huge_caps():
