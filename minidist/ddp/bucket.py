@@ -15,7 +15,9 @@ first, bucket 1 next, and so on.
 Why a smaller first bucket. Bucket 0 is the only one whose all_reduce can start
 before any other communication; the sooner it is complete, the sooner the wire
 is busy. Like torch's ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) the first
-bucket of each dtype is capped at ``min(1 MiB, bucket_cap)``.
+bucket of each dtype is capped at ``min(1 MiB, bucket_cap)`` - as in torch,
+only when ``bucket_cap_mb`` is left at its default: an explicit cap is the
+user's choice for every bucket (see ReducerPolicy).
 
 Lifecycle of one bucket in one iteration (explicit, asserted):
 

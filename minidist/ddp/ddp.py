@@ -38,10 +38,12 @@ class DDP(nn.Module):
     (hook(state, bucket) -> Future[Tensor], see comm_hooks.py) replaces the
     default average (each gradient divided by N as it is copied into its
     bucket, then all_reduce SUM); its state is the process group.
+    ``bucket_cap_mb=None`` means torch's default: 25 MiB buckets after a first
+    one of 1 MiB; an explicit value caps every bucket, the first included (as torch).
     """
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
-                 bucket_cap_mb: float = 25, find_unused_parameters: bool = False,
+                 bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  gradient_as_bucket_view: bool = False, broadcast_buffers: bool = True,
                  comm_hook: CommHook | None = None):
         super().__init__()

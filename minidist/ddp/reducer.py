@@ -49,17 +49,27 @@ from minidist.ddp.bucket import FIRST_BUCKET_BYTES, Bucket, BucketState, MiB, as
 from minidist.ddp.comm_hooks import presummed_allreduce_hook
 
 
+DEFAULT_BUCKET_CAP_MB = 25.0
+"""torch's DDP default bucket_cap_mb."""
+
+
 @dataclass(frozen=True)
 class ReducerPolicy:
     """How gradients are bucketed and reduced (the knobs of torch's DDP, grouped)."""
 
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float | None = None
+    """None: torch's default, 25 MiB buckets after a first one of 1 MiB."""
     find_unused_parameters: bool = False
     gradient_as_bucket_view: bool = False
 
     @property
     def bucket_cap_bytes(self) -> int:
-        return max(1, int(self.bucket_cap_mb * MiB))
+        return max(1, int((DEFAULT_BUCKET_CAP_MB if self.bucket_cap_mb is None else self.bucket_cap_mb) * MiB))
+
+    @property
+    def first_bucket_bytes(self) -> int:
+        """Small only by default, as in torch: an explicit bucket_cap_mb caps every bucket alike."""
+        return min(FIRST_BUCKET_BYTES, self.bucket_cap_bytes) if self.bucket_cap_mb is None else self.bucket_cap_bytes
 
 
 class Reducer:
@@ -99,7 +109,7 @@ class Reducer:
     def _build(self, order: list[int]) -> None:
         """(Re)create the buckets for parameters taken in `order` (indices into self.params)."""
         groups = assign_buckets([self.params[i] for i in order], self.policy.bucket_cap_bytes,
-                                min(FIRST_BUCKET_BYTES, self.policy.bucket_cap_bytes))
+                                self.policy.first_bucket_bytes)
         self.buckets = []
         self._slot = [(-1, -1)] * len(self.params)
         for b, members in enumerate(groups):

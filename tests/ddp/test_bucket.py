@@ -51,3 +51,11 @@ def test_lifecycle_asserts_order():
     assert b.state is BucketState.REDUCED and b.views[1].tolist() == [3.0, 4.0, 5.0, 6.0]
     b.reset()
     assert b.state is BucketState.FILLING and b.pending == 2
+
+
+def test_small_first_bucket_only_by_default():
+    from minidist.ddp.reducer import ReducerPolicy
+    default, explicit = ReducerPolicy(), ReducerPolicy(bucket_cap_mb=5)
+    assert (default.first_bucket_bytes, default.bucket_cap_bytes) == (MiB, 25 * MiB), "torch's defaults"
+    assert explicit.first_bucket_bytes == explicit.bucket_cap_bytes == 5 * MiB, "an explicit cap caps every bucket"
+    assert ReducerPolicy(bucket_cap_mb=0.5).first_bucket_bytes == MiB // 2
