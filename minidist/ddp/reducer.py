@@ -12,12 +12,20 @@ Follow one gradient:
 3. when the count hits zero the bucket is FULL, and ``_launch_full_buckets``
    hands every FULL bucket, in bucket order, to the comm hook, which starts an
    async all_reduce and returns a future. Backward keeps running meanwhile;
-4. when a bucket's reduction completes, its continuation (``_write_back``)
-   copies the averages into ``p.grad``, while backward still runs;
-5. at the end of backward the autograd engine runs ``_finalize_backward``
+4. at the end of backward the autograd engine runs ``_finalize_backward``
    (queued with ``Variable._execution_engine.queue_callback`` by the first
-   hook of the backward): it completes unused parameters and waits on every
-   future, so when backward() returns every ``p.grad`` holds the average.
+   hook of the backward): it completes unused parameters, waits on every
+   future in bucket order and copies each average into ``p.grad``, so when
+   backward() returns every ``p.grad`` holds the average.
+
+Why copy into ``p.grad`` at the end, on the main thread (as torch's reducer
+does in its finalize_backward), and not in a continuation of each bucket's
+future: a continuation runs on the communication library's thread (gloo's worker, on the
+CPU) and, being Python, holds the GIL while it copies; it delays that worker's
+next collective and stalls autograd's Python hooks meanwhile. Measured on the
+CPU benchmark (benchmarks/ddp_vs_torch.py) the continuation cost ~2-3% of the
+step; at the end the copies are plain sequential work (on NCCL, kernels queued
+on the stream).
 
 Why launch strictly in bucket order: gloo and NCCL match collectives by the
 order in which each rank issues them. If rank 0 launched bucket 2 before
@@ -185,30 +193,8 @@ class Reducer:
         """Launch every FULL bucket from the next one in order; stop at the first still FILLING."""
         while self._next_launch < len(self.buckets) and self.buckets[self._next_launch].state is BucketState.FULL:
             bucket = self.buckets[self._next_launch]
-            bucket.launch(self.comm_hook(self.hook_state, bucket).then(self._write_back(bucket)))
+            bucket.launch(self.comm_hook(self.hook_state, bucket))
             self._next_launch += 1
-
-    def _write_back(self, bucket: Bucket):
-        """The continuation of a bucket's reduction: result into the bucket, then into p.grad.
-
-        It runs when the collective completes (on NCCL, ordered on the stream
-        after it), while backward is still computing earlier layers, so the
-        copy back into p.grad is hidden too. Safe: autograd is done with these
-        gradients (their hooks fired) and touches them no more this backward.
-        With find_unused_parameters the write waits for the end of backward,
-        which knows which parameters no rank used.
-        """
-        def done(fut: torch.futures.Future) -> torch.Tensor:
-            result = fut.value()
-            if isinstance(result, list):  # a raw Work future yields [tensor]
-                result = result[0]
-            if result.data_ptr() != bucket.flat.data_ptr():
-                bucket.flat.copy_(result.view_as(bucket.flat))
-            if not self.policy.find_unused_parameters:
-                for i, view in zip(bucket.param_ids, bucket.views):
-                    self._write_grad(self.params[i], view)
-            return bucket.flat
-        return done
 
     def _finalize_backward(self) -> None:
         """End of backward: complete the unused, wait for every bucket, write the averages to p.grad."""
@@ -226,12 +212,10 @@ class Reducer:
                 self._mark_ready(i)  # its local grad (accumulated under no_sync) or zeros
             globally_used = self._globally_used() if self.policy.find_unused_parameters else None
             for bucket in self.buckets:
-                bucket.finish()  # p.grad already written by _write_back, unless find_unused
-                if globally_used is None:
-                    continue
+                bucket.finish()
                 for i, view in zip(bucket.param_ids, bucket.views):
-                    if globally_used[i]:  # no rank used it: leave p.grad alone, as one process would
-                        self._write_grad(self.params[i], view)
+                    if globally_used is None or globally_used[i]:  # unused by every rank: p.grad stays
+                        self._write_grad(self.params[i], view)       # as it is, as in one process
             for bucket in self.buckets:
                 bucket.reset()
             self._order_done = self.num_rebuilds == 0  # recorded once, used by the next forward
