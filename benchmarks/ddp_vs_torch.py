@@ -2,12 +2,14 @@
 all_reduce the backward hides.
 
     OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/ddp_vs_torch.py
-    ... benchmarks/ddp_vs_torch.py --sleep-ms 0 20 --buckets 1 5 25 100 --repeats 5
+    ... benchmarks/ddp_vs_torch.py --sleep-ms 0 20 --buckets 1 5 25 100 --repeats 6
 
-Same model, same data, world 2, gloo on the CPU. For every bucket size and
-backward-sleep setting, minidist and torch steps are interleaved (minidist,
-torch, minidist under no_sync, torch under no_sync, repeated), and medians are
-compared, so machine noise hits both alike (the two swap places every repeat).
+Same model, same data, same bucket_cap_mb (so the same bucket layout: the
+"buckets" column shows both engines' counts), world 2, gloo on the CPU. For
+every bucket size and backward-sleep setting, minidist and torch steps are
+interleaved (minidist, torch, minidist under no_sync, torch under no_sync,
+repeated; the two swap places every repeat) after warm-up steps (both rebuild
+their buckets after the first), so machine noise hits both alike.
 
 Why a sleeping backward: with 2 ranks on 2 cores, gloo's threads compete with
 the backward matmuls for the same cores, so no overlap is visible. A layer whose
@@ -15,7 +17,9 @@ backward sleeps (as PyTorch's own FSDP tests inject delays) emulates accelerator
 compute that leaves the CPU free for communication.
 
 Columns:
-  ratio    median step time minidist / torch (goal <= 1.00)
+  buckets  number of buckets, minidist/torch (after both rebuilt them in ready order)
+  ratio    median minidist step / median torch step (goal <= 1.00); an even number of
+           repeats, so that each engine goes first equally often
   comm     the all_reduce time of all buckets alone (blocking, back to back)
   exposed  step time minus the same step under no_sync (communication skipped), median of
            the paired differences
@@ -108,7 +112,7 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(args.batch, args.d_in, generator=g), torch.randn(args.batch, args.width, generator=g)
     models = {"ours": ours, "torch": theirs}
-    for _ in range(2):  # warm up; both rebuild their buckets after the first step
+    for _ in range(3):  # warm up; both rebuild their buckets after the first step
         for name in models:
             step_time(models[name], opts[name], x, y, True)
     t = {k: [] for k in ("ours", "torch", "ours_nosync", "torch_nosync", "comm")}
@@ -126,7 +130,8 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
     return dict(bucket_mb=bucket_mb, sleep_ms=sleep_ms, ours=med["ours"], torch=med["torch"],
                 ratio=med["ours"] / med["torch"], comm=med["comm"], compute=med["ours_nosync"],
                 exposed=exposed, hidden=1 - exposed / med["comm"], hidden_torch=1 - exposed_torch / med["comm"],
-                n_buckets=len(ours.reducer.buckets))
+                n_buckets=len(ours.reducer.buckets),
+                n_buckets_torch=theirs._get_ddp_logging_data().get("num_buckets_reduced", -1))
 
 
 def main() -> None:
@@ -138,7 +143,7 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, nargs="+", default=[0.0, 20.0],
                         help="backward sleep per block (emulated accelerator compute); 0 = pure CPU")
     parser.add_argument("--buckets", type=float, nargs="+", default=[1, 5, 25, 100], help="bucket_cap_mb values")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=16, help="even: both engines go first equally often")
     parser.add_argument("--gradient-as-bucket-view", action="store_true", help="for both minidist and torch")
     args = parser.parse_args()
     with runtime.distributed("gloo") as topo:
@@ -156,8 +161,9 @@ def main() -> None:
             for bucket_mb in args.buckets:
                 r = measure(args, bucket_mb, sleep_ms, topo.rank)
                 ratios.append(r["ratio"])
+                buckets = f"{r['n_buckets']}/{r['n_buckets_torch']}"
                 if topo.is_main:
-                    print(f"{sleep_ms:>8g} {bucket_mb:>9g} {r['n_buckets']:>7} {r['ours'] * 1e3:>11.1f} "
+                    print(f"{sleep_ms:>8g} {bucket_mb:>9g} {buckets:>7} {r['ours'] * 1e3:>11.1f} "
                           f"{r['torch'] * 1e3:>9.1f} {r['ratio']:>6.2f} {r['compute'] * 1e3:>10.1f} "
                           f"{r['comm'] * 1e3:>8.1f} {r['exposed'] * 1e3:>10.1f} {r['hidden']:>7.0%} "
                           f"{r['hidden_torch']:>12.0%}", flush=True)
