@@ -66,8 +66,9 @@ class DDPStrategy:
 
     name: str = "ddp"
     """Strategy name (set by the preset; do not override)."""
-    bucket_cap_mb: float = 25.0
-    """Gradient bytes per all_reduce bucket, in MiB: bigger = fewer, later collectives."""
+    bucket_cap_mb: Optional[float] = None
+    """Gradient MiB per all_reduce bucket: bigger = fewer, later collectives. null = torch's
+    default: 25 MiB buckets after a 1 MiB first one (so the first all_reduce starts early)."""
     find_unused_parameters: bool = False
     """Tolerate parameters that get no gradient in a step (costs a graph walk per step)."""
     gradient_as_bucket_view: bool = False
