@@ -18,8 +18,8 @@ The ring's bandwidth term for all_reduce tends to 2 S b whatever N is, which is
 why rings win for large payloads; its latency term grows as N, which is why
 trees win for small payloads on many ranks. NCCL chooses between them by size.
 
-calibrate() times all_reduce at a few sizes on the current group and fits
-alpha and beta by least squares to the ring formula.
+calibrate() times all_reduce at a few sizes on the current group: alpha from
+the smallest (pure latency), beta from the largest (bandwidth, less latency).
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def _device(group) -> torch.device:
 def calibrate(group=None, sizes=(1, 1 << 10, 1 << 16, 1 << 20, 1 << 22), iters: int = 10) -> CostModel:
     """Measure alpha and beta on `group` by timing all_reduce at several sizes.
 
-    Each size contributes one equation t = 2(N-1) alpha + 2 S (N-1)/N beta, and a
-    least-squares fit gives both. Every rank must call this; all get the same
+    Each size gives one sample of t = 2(N-1) alpha + 2 S (N-1)/N beta: the smallest
+    fixes alpha, the largest fix beta. Every rank must call this; all get the same
     model (rank 0's fit is broadcast). A world of one has no communication: 0, 0.
     """
     n = dist.get_world_size(group)
@@ -101,11 +101,11 @@ def calibrate(group=None, sizes=(1, 1 << 10, 1 << 16, 1 << 20, 1 << 22), iters: 
         xs.append(2 * numel * 4 * (n - 1) / n)
         ts.append(_time_all_reduce(numel, group, iters))
     k = 2 * (n - 1)
-    # Fit t = k*alpha + x*beta by ordinary least squares on (x, t).
-    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
-    var = sum((x - mx) ** 2 for x in xs)
-    beta = max(sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / var, 0.0)
-    alpha = max((mt - beta * mx) / k, 0.0)
+    # The smallest payload is all latency; the largest ones are mostly bandwidth. A plain
+    # least-squares line through all sizes lets the noise of the big ones swamp alpha.
+    alpha = ts[0] / k
+    big = [(x, t) for x, t in zip(xs, ts) if x >= xs[-1] / 16]
+    beta = max(statistics.median((t - k * alpha) / x for x, t in big), 0.0)
     fit = torch.tensor([alpha, beta], dtype=torch.float64, device=_device(group))
     dist.broadcast(fit, dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return CostModel(float(fit[0]), float(fit[1]))
