@@ -19,7 +19,7 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     from minidist import runtime
-    from minidist.train.config import ConfigError, compose_config, to_yaml
+    from minidist.train.compose import ConfigError, compose_config, to_yaml
 
     print_only = "--cfg" in args
     try:

@@ -5,7 +5,7 @@
         train(cfg, topo)
 """
 
-from minidist.train.config import ConfigError, compose_config
+from minidist.train.compose import ConfigError, compose_config
 from minidist.train.trainer import train
 
 __all__ = ["ConfigError", "compose_config", "train"]

@@ -1,4 +1,4 @@
-"""Typed schemas for every Hydra config group, and composition with one-line errors.
+"""Typed schemas for every Hydra config group (composition: minidist.train.compose).
 
 The yaml files under configs/ say *which values* a preset uses; the dataclasses
 here say *which keys exist and what type each has*. Each yaml file starts with
@@ -8,20 +8,18 @@ here say *which keys exist and what type each has*. Each yaml file starts with
 
 so Hydra merges it onto its schema: an unknown key or a value of the wrong type
 fails at composition, before any process group exists, instead of deep inside
-training. `compose_config()` turns Hydra's multi-line errors into one line that
-names the key and what would have been valid.
+training. compose.compose_config() turns Hydra's multi-line errors into one line
+that names the key and what would have been valid.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING
 
 from minidist.models.gpt import GPTConfig
 
@@ -308,75 +306,3 @@ GROUPS: dict[str, dict[str, type]] = {
     "trainer": {"default": TrainerConfig},
     "logger": {"wandb": WandbLogger},
 }
-
-
-def register_schemas() -> None:
-    """Put every schema in Hydra's ConfigStore under schema/<group>/<name> (idempotent)."""
-    cs = ConfigStore.instance()
-    cs.store(name="schema_root", node=RunConfig)
-    for group, options in GROUPS.items():
-        for name, node in options.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
-
-
-class ConfigError(ValueError):
-    """A configuration that does not compose; the message is one line."""
-
-
-_SCHEMAS = {cls.__name__: cls for opts in GROUPS.values() for cls in opts.values()} | {"RunConfig": RunConfig}
-
-
-def _one_line(exc: BaseException) -> str:
-    """Hydra/OmegaConf's error, as one line naming the key and the valid choices."""
-    from hydra.errors import MissingConfigException
-
-    cause = exc
-    while getattr(cause, "full_key", None) is None and (cause.__cause__ or cause.__context__) is not None:
-        cause = cause.__cause__ or cause.__context__  # the OmegaConf error that names the key
-    key = getattr(cause, "full_key", None)
-    obj = getattr(cause, "object_type", None)
-    if isinstance(exc, MissingConfigException) or "Could not find" in str(exc):
-        text = str(exc)
-        head = text.splitlines()[0]
-        opts = [ln.strip() for ln in text.split("Available options", 1)[-1].splitlines()[1:]
-                if ln.startswith("\t") and "provider=" not in ln and ln.strip()]
-        return f"{head.split(': ', 1)[-1]}; valid choices: {', '.join(opts)}" if opts else head
-    if key and obj is not None and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
-        schema = _SCHEMAS.get(getattr(obj, "__name__", ""), obj)
-        valid = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
-        return f"unknown key '{key}'; valid keys here: {', '.join(valid)}"
-    if key:
-        msg = str(cause).splitlines()[0]
-        return f"bad value for '{key}': {msg}"
-    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and "provider=" not in line)
-
-
-def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose configs/config.yaml with command-line style overrides; raise ConfigError (one line)."""
-    from hydra import compose, initialize_config_dir
-
-    register_schemas()
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
-    except Exception as exc:  # noqa: BLE001 - Hydra raises many kinds; all become one line
-        raise ConfigError(_one_line(exc)) from exc
-    check(cfg)
-    return cfg
-
-
-def check(cfg: DictConfig) -> None:
-    """Cross-group rules the schemas cannot express."""
-    model, data = cfg.model.name, cfg.data.source
-    if model == "gpt" and data == "cifar10":
-        raise ConfigError("model=gpt needs token data: use data=stdlib or data=synthetic")
-    if model == "resnet18" and data == "stdlib":
-        raise ConfigError("model=resnet18 needs images: use data=cifar10 or data=synthetic")
-    if cfg.resume not in ("never", "auto") and not Path(cfg.resume).is_dir():
-        raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
-    if cfg.trainer.steps < 1 or cfg.trainer.batch_size < 1 or cfg.trainer.grad_accum < 1:
-        raise ConfigError("trainer.steps, trainer.batch_size and trainer.grad_accum must be >= 1")
-
-
-def to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg)

@@ -3,8 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from minidist.train.config import (GROUPS, ConfigError, DDPStrategy, FSDPStrategy, HybridShardStrategy,
-                                   SingleStrategy, Zero1Strategy, compose_config)
+from minidist.train.compose import ConfigError, compose_config
+from minidist.train.config import GROUPS, DDPStrategy, FSDPStrategy, HybridShardStrategy, SingleStrategy, Zero1Strategy
 
 STRATEGIES = {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": Zero1Strategy, "shard_grad_op": FSDPStrategy,
               "full_shard": FSDPStrategy, "no_shard": FSDPStrategy, "hybrid_shard": HybridShardStrategy}
