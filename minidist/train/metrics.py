@@ -99,7 +99,9 @@ def plot(run_dir: Path, unit: str) -> Path:
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in rows if "train/loss" in r]
-    val = [r for r in rows if "val/loss" in r]
+    # the final evaluation is logged as final/loss: it ends the validation curve
+    val = [{"step": r["step"], "val/loss": r.get("val/loss", r.get("final/loss"))}
+           for r in rows if "val/loss" in r or "final/loss" in r]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.plot([r["step"] for r in train], [r["train/loss"] for r in train], label="train")
     if val:
