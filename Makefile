@@ -3,9 +3,10 @@
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.minidist-installed
-NPROC ?= 2
+# Processes per node: every GPU when nvidia-smi sees some (nccl), else 2 CPU processes (gloo).
+NPROC ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$${n:-0}" -gt 0 ] && echo $$n || echo 2)
 
-.PHONY: train test tour bench-ddp bench-fsdp
+.PHONY: train test tour
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
