@@ -8,7 +8,9 @@ Read in this order: bucket.py (which gradients travel together), comm_hooks.py
 from minidist.ddp.bucket import Bucket, BucketState, assign_buckets
 from minidist.ddp.comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook, presummed_allreduce_hook
 from minidist.ddp.ddp import DDP
+from minidist.ddp.powersgd import PowerSGDState, powersgd_hook
 from minidist.ddp.reducer import Reducer, ReducerPolicy
 
 __all__ = ["DDP", "Bucket", "BucketState", "assign_buckets", "Reducer", "ReducerPolicy",
-           "allreduce_hook", "presummed_allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+           "allreduce_hook", "presummed_allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "PowerSGDState", "powersgd_hook"]
