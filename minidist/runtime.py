@@ -144,6 +144,21 @@ def distributed(backend: str = "auto", timeout_s: float = 300.0) -> Iterator[Top
         shutdown()
 
 
+def exit_process(code: int = 0) -> None:
+    """End a worker now: flush output, then leave without the interpreter's teardown.
+
+    Call it after shutdown(). Seen with torch 2.14 + gloo under torchrun: a worker
+    that has already finished its work and destroyed its process group can still
+    abort at interpreter exit ("terminate called without an active exception",
+    exit code -6) while C++ objects are destroyed; torchrun then counts a
+    successful run as a crash and restarts it. Everything the run owns (process
+    group, logger, files) is closed before this, so skipping teardown loses nothing.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def rank_prefix() -> str:
     """'[rank r/N] ' when a process group exists, else ''."""
     if dist.is_initialized():
@@ -162,4 +177,4 @@ def exit_on_error(exc: BaseException) -> None:
     message = str(exc).strip().split("\n", 1)[0]
     print(f"{rank_prefix()}error: {type(exc).__name__}: {message}", file=sys.stderr, flush=True)
     shutdown()
-    sys.exit(1)
+    exit_process(1)

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         runtime.exit_on_error(KeyboardInterrupt("interrupted"))
     except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
         runtime.exit_on_error(exc)
+    runtime.exit_process(0)  # the process group is gone; skip a teardown that can abort (see there)
 
 
 if __name__ == "__main__":

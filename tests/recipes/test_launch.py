@@ -58,15 +58,20 @@ def test_crashed_worker_restarts_from_checkpoint_and_finishes(tmp_path):
 def test_two_agents_rendezvous_as_two_nodes(tmp_path):
     env = ENV | {"NNODES": "2", "NPROC": "1", "MASTER": f"127.0.0.1:{_free_port()}", "RUN": "twonode"}
     cmd = ["bash", str(REPO / "launch/multinode.sh"), *TINY, f"out_dir={tmp_path}"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=env | {"NODE_RANK": str(n)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for n in range(2)]
-    outs = []
+    # Output goes to files, not pipes: c10d hands rank 0 (the chatty one) to either agent, and a
+    # pipe nobody reads while we wait on the other agent fills up and blocks it mid-run.
+    logs = [(tmp_path / f"agent{n}.out", tmp_path / f"agent{n}.err") for n in range(2)]
+    procs = []
+    for n, (out, err) in enumerate(logs):
+        with open(out, "w") as fo, open(err, "w") as fe:
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env | {"NODE_RANK": str(n)}, stdout=fo, stderr=fe))
     try:
         for proc in procs:
-            outs.append(proc.communicate(timeout=240))
+            proc.wait(timeout=240)
     finally:
         for proc in procs:
             proc.kill()
+    outs = [(out.read_text(), err.read_text()) for out, err in logs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     rows = read_metrics(tmp_path / "twonode" / "metrics.jsonl")
     assert rows[-1]["step"] == 12 and rows[-1]["final/loss"] < rows[0]["train/loss"]
