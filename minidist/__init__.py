@@ -6,22 +6,9 @@ on all_gather / reduce_scatter).
 """
 
 from minidist import comm, runtime
+from minidist.ddp import DDP
+from minidist.fsdp import FSDP
 from minidist.runtime import Topology
+from minidist.zero import ShardedOptimizer
 
-__all__ = ["comm", "runtime", "Topology"]
-
-try:  # engines land one by one; the foundation works without them
-    from minidist.ddp import DDP  # noqa: F401
-    __all__.append("DDP")
-except ImportError:
-    pass
-try:
-    from minidist.zero import ShardedOptimizer  # noqa: F401
-    __all__.append("ShardedOptimizer")
-except ImportError:
-    pass
-try:
-    from minidist.fsdp import FSDP  # noqa: F401
-    __all__.append("FSDP")
-except ImportError:
-    pass
+__all__ = ["comm", "runtime", "Topology", "DDP", "ShardedOptimizer", "FSDP"]

@@ -46,13 +46,6 @@ def _load(path: Path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _engine(name: str):
-    if not hasattr(minidist, name):
-        raise RuntimeError(f"minidist.{name} is not available in this checkout; choose strategy=single or another "
-                           f"strategy whose engine is built")
-    return getattr(minidist, name)
-
-
 @dataclass
 class Strategy:
     """The wrapped model, its optimizer, and the operations whose meaning depends on sharding."""
@@ -147,24 +140,23 @@ def build_strategy(cfg, model: nn.Module, optim_cfg, topo: Topology, block_types
                              f"use strategy=ddp (or another data-parallel strategy) under torchrun")
         return Strategy(kind, model, opt_cls(model.parameters(), **opt_kwargs), topo)
     if kind in ("ddp", "zero1"):
-        wrapped = _engine("DDP")(model, process_group=topo.group, bucket_cap_mb=cfg.bucket_cap_mb,
+        wrapped = minidist.DDP(model, process_group=topo.group, bucket_cap_mb=cfg.bucket_cap_mb,
                                  find_unused_parameters=cfg.find_unused_parameters,
                                  gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                                  broadcast_buffers=cfg.broadcast_buffers, comm_hook=_comm_hook(cfg.comm_hook))
         if kind == "ddp":
             opt = opt_cls(wrapped.parameters(), **opt_kwargs)
         else:
-            opt = _engine("ShardedOptimizer")(list(wrapped.parameters()), opt_cls, process_group=topo.group,
+            opt = minidist.ShardedOptimizer(list(wrapped.parameters()), opt_cls, process_group=topo.group,
                                               **opt_kwargs)
         return Strategy(kind, wrapped, opt, topo)
     if kind in FSDP_KINDS:
-        fsdp_cls = _engine("FSDP")
         group = topo.group
         if kind == "hybrid_shard":
             from minidist.fsdp import hybrid_groups
             shard_size = cfg.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", topo.world_size))
             group = hybrid_groups(shard_size)
-        wrapped = fsdp_cls(model, process_group=group, wrap=set(block_types) if cfg.wrap_blocks else None,
+        wrapped = minidist.FSDP(model, process_group=group, wrap=set(block_types) if cfg.wrap_blocks else None,
                            sharding_strategy=kind, forward_prefetch=cfg.forward_prefetch,
                            backward_prefetch=cfg.backward_prefetch,
                            max_inflight_all_gathers=cfg.max_inflight_all_gathers,

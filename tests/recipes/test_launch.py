@@ -8,16 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-import minidist
 from minidist.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TINY = ["experiment=gpt_tiny", "trainer.steps=12", "trainer.log_interval=2", "data.max_bytes=200000"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", TORCHRUN=str(BIN / "torchrun"), PYTHONWARNINGS="default")
-needs_ddp = pytest.mark.skipif(not hasattr(minidist, "DDP"), reason="minidist.DDP not in this checkout")
 
 
 def _free_port() -> int:
@@ -32,7 +28,6 @@ def _noise(stderr: str) -> list[str]:
             if "Warning" in ln or "Traceback" in ln or ln.startswith("wandb:")]
 
 
-@needs_ddp
 def test_crashed_worker_restarts_from_checkpoint_and_finishes(tmp_path):
     # Exactly one restart allowed: the restarted attempt must rendezvous on its first try
     # (minidist.runtime prefixes the store keys per attempt; see _restart_safe_store).
@@ -54,7 +49,6 @@ def test_crashed_worker_restarts_from_checkpoint_and_finishes(tmp_path):
     assert not _noise(p.stderr.replace("injected crash", "")), _noise(p.stderr)
 
 
-@needs_ddp
 def test_two_agents_rendezvous_as_two_nodes(tmp_path):
     env = ENV | {"NNODES": "2", "NPROC": "1", "MASTER": f"127.0.0.1:{_free_port()}", "RUN": "twonode"}
     cmd = ["bash", str(REPO / "launch/multinode.sh"), *TINY, f"out_dir={tmp_path}"]

@@ -4,17 +4,13 @@ a stopped-and-resumed run ends bitwise equal to one that never stopped; ResNet o
 import math
 from pathlib import Path
 
-import pytest
 import torch
 
-import minidist
 from minidist import runtime
 from minidist.train import compose_config, train
 from minidist.train.metrics import read_metrics
 
-ENGINES = {"ddp": "DDP", "zero1": "ShardedOptimizer", "shard_grad_op": "FSDP", "full_shard": "FSDP",
-           "no_shard": "FSDP", "hybrid_shard": "FSDP"}
-AVAILABLE = [s for s, engine in ENGINES.items() if hasattr(minidist, engine)]
+STRATEGIES = ["ddp", "zero1", "shard_grad_op", "full_shard", "no_shard", "hybrid_shard"]
 TINY = ["experiment=gpt_tiny", "trainer.steps=16", "trainer.eval_interval=0", "trainer.log_interval=4",
         "data.max_bytes=200000"]
 
@@ -37,17 +33,16 @@ def _every_strategy(out: str, strategies: list[str]) -> dict:
     return got
 
 
-@pytest.mark.skipif(not AVAILABLE, reason="no data-parallel engine in this checkout")
 def test_every_strategy_learns_and_they_agree(run_dist, tmp_path):
-    got = run_dist(2, _every_strategy, str(tmp_path), AVAILABLE, timeout=240)[0]
-    ref_name = AVAILABLE[0]
+    got = run_dist(2, _every_strategy, str(tmp_path), STRATEGIES, timeout=240)[0]
+    ref_name = STRATEGIES[0]
     for s, (val, losses, state) in got.items():
         assert losses[-1] < 0.75 * losses[0] and val < 0.8 * math.log(256), (s, losses, val)
         # same init, same global batch, same data order: fp32 results agree to rounding
         assert abs(val - got[ref_name][0]) < 2e-3, (s, val, ref_name, got[ref_name][0])
         for k, v in state.items():
             torch.testing.assert_close(v, got[ref_name][2][k], atol=2e-3, rtol=0, msg=f"{s}: {k}")
-    for s in AVAILABLE:
+    for s in STRATEGIES:
         assert (tmp_path / s / "curves.png").stat().st_size > 0
 
 
@@ -68,9 +63,8 @@ def _resume(out: str, strategies: list[str]) -> dict:
     return diffs
 
 
-@pytest.mark.skipif(not AVAILABLE, reason="no data-parallel engine in this checkout")
 def test_stopped_and_resumed_equals_uninterrupted(run_dist, tmp_path):
-    strategies = [s for s in ("ddp", "zero1", "full_shard") if s in AVAILABLE]
+    strategies = ["ddp", "zero1", "full_shard"]
     diffs = run_dist(2, _resume, str(tmp_path), strategies, timeout=240)[0]
     assert diffs == {s: 0.0 for s in strategies}  # bitwise: fp32 on the CPU
 
@@ -80,7 +74,6 @@ def _resnet(out: str) -> tuple:
     return r["val/accuracy"], _train_losses(r["run_dir"]) if runtime.init("gloo").is_main else None
 
 
-@pytest.mark.skipif(not hasattr(minidist, "DDP"), reason="minidist.DDP not in this checkout")
 def test_resnet_recipe_on_synthetic_images(run_dist, tmp_path):
     acc, losses = run_dist(2, _resnet, str(tmp_path), timeout=240)[0]
     assert losses[-1] < losses[0], losses
