@@ -1,6 +1,6 @@
 """One interface over the parallelism strategies, so the training loop never branches on them.
 
-    strategy = build_strategy(cfg.strategy, model, make_optimizer, topo, block_types)
+    strategy = build_strategy(cfg.strategy, model, cfg.optim, topo, block_types)
     with strategy.no_sync(): ...        # accumulate without communicating
     strategy.clip_grad_norm_(1.0)
     strategy.save(ckpt_dir) / strategy.load(ckpt_dir)
