@@ -5,10 +5,10 @@ of gradient buckets), zero (sharded optimizer state), fsdp (sharded parameters
 on all_gather / reduce_scatter).
 """
 
-from minidist import comm, runtime
+from minidist import comm, mesh, runtime
 from minidist.ddp import DDP
 from minidist.fsdp import FSDP
 from minidist.runtime import Topology
 from minidist.zero import ShardedOptimizer
 
-__all__ = ["comm", "runtime", "Topology", "DDP", "ShardedOptimizer", "FSDP"]
+__all__ = ["comm", "mesh", "runtime", "Topology", "DDP", "ShardedOptimizer", "FSDP"]

@@ -16,6 +16,7 @@ from minidist.comm.collectives import (
     barrier,
     broadcast,
     gather,
+    global_rank,
     reduce,
     reduce_scatter,
     scatter,
@@ -25,6 +26,6 @@ from minidist.comm.trace import Record, Trace, ring_bytes_sent, trace
 
 __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_to_all", "barrier", "broadcast",
-    "gather", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
+    "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace",
 ]

@@ -15,7 +15,10 @@ Every function takes `group` (None = the world) and `async_op`. With async_op a
 Work handle comes back: wait() on it before reading the result (on NCCL wait()
 orders the current stream after the collective instead of blocking the host).
 
-Ranks (`src`, `dst`) are global ranks, as in torch.distributed.
+Ranks are named as in torch.distributed: `src` and `dst` are global ranks,
+`group_src` and `group_dst` are ranks inside `group` (what an engine that was
+handed a mesh dimension knows); give one or the other. global_rank() is the one
+place where minidist turns a group rank into a global one.
 
 Where a backend lacks something, a documented equivalent runs instead, never a
 silently different answer:
@@ -92,6 +95,16 @@ def _is_gloo(group: Group) -> bool:
     return dist.get_backend(group) == "gloo"
 
 
+def global_rank(group: Group, group_rank: int) -> int:
+    """The global rank of member `group_rank` of `group` (None = the world, where they coincide)."""
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _root(rank: int, group_rank: int | None, group: Group) -> int:
+    """The global rank of a collective's root, given as a global `rank` or as a `group_rank`."""
+    return rank if group_rank is None else global_rank(group, group_rank)
+
+
 def _check_op(op) -> None:
     if op not in SUPPORTED_OPS:
         raise ValueError(f"reduce op {op} is not supported by minidist.comm; use one of SUM, PRODUCT, MIN, MAX, AVG")
@@ -118,8 +131,10 @@ def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], o
     return None
 
 
-def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, async_op: bool = False):
-    """Copy `tensor` from rank `src` into `tensor` on every rank (in place)."""
+def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, group_src: int | None = None,
+              async_op: bool = False):
+    """Copy `tensor` from rank `src` (or group rank `group_src`) into `tensor` on every rank (in place)."""
+    src = _root(src, group_src, group)
     return _issue("broadcast", tensor, tensor.numel(), group,
                   lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
                   is_root=dist.get_rank() == src)
@@ -140,9 +155,11 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, as
     return _issue("all_reduce", tensor, tensor.numel(), group, call)
 
 
-def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group = None, async_op: bool = False):
-    """Reduce `tensor` across ranks onto rank `dst`. Only dst's tensor is meaningful afterwards."""
+def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group = None,
+           group_dst: int | None = None, async_op: bool = False):
+    """Reduce `tensor` across ranks onto rank `dst` (or group rank `group_dst`). Only dst's tensor is meaningful afterwards."""
     _check_op(op)
+    dst = _root(dst, group_dst, group)
     is_dst = dist.get_rank() == dst
 
     def run(real_op):
@@ -215,11 +232,12 @@ def _reduce_scatter_by_all_reduce(output, flat, op, group, async_op):
 
 
 def gather(input: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, *,
-           group: Group = None, async_op: bool = False):
+           group: Group = None, group_dst: int | None = None, async_op: bool = False):
     """Collect every rank's `input` into `gather_list` on rank `dst`.
 
     gather_list must be a list of N tensors on dst and None on every other rank.
     """
+    dst = _root(dst, group_dst, group)
     is_dst = dist.get_rank() == dst
     if is_dst and gather_list is None:
         raise ValueError("gather: the destination rank must pass gather_list")
@@ -230,11 +248,12 @@ def gather(input: torch.Tensor, gather_list: list[torch.Tensor] | None = None, d
 
 
 def scatter(output: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, *,
-            group: Group = None, async_op: bool = False):
+            group: Group = None, group_src: int | None = None, async_op: bool = False):
     """Hand piece r of `scatter_list` on rank `src` to rank r's `output`.
 
     scatter_list must be a list of N tensors on src and None on every other rank.
     """
+    src = _root(src, group_src, group)
     is_src = dist.get_rank() == src
     if is_src and scatter_list is None:
         raise ValueError("scatter: the source rank must pass scatter_list")

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from minidist.comm.collectives import global_rank
+
 ALGORITHMS = ("ring", "tree")
 
 
@@ -107,5 +109,5 @@ def calibrate(group=None, sizes=(1, 1 << 10, 1 << 16, 1 << 20, 1 << 22), iters: 
     big = [(x, t) for x, t in zip(xs, ts) if x >= xs[-1] / 16]
     beta = max(statistics.median((t - k * alpha) / x for x, t in big), 0.0)
     fit = torch.tensor([alpha, beta], dtype=torch.float64, device=_device(group))
-    dist.broadcast(fit, dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    dist.broadcast(fit, global_rank(group, 0), group=group)
     return CostModel(float(fit[0]), float(fit[1]))

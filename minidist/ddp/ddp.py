@@ -1,6 +1,6 @@
 """minidist.DDP: the public module. Used exactly as torch's DistributedDataParallel:
 
-    model = DDP(net, process_group=None, bucket_cap_mb=25)
+    model = DDP(net, device_mesh=mesh, bucket_cap_mb=25)   # or process_group=; neither = the world
     loss = loss_fn(model(x), y)
     loss.backward()          # gradients are averaged across ranks by the end of this call
     optimizer.step()
@@ -25,16 +25,19 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
 from minidist.ddp.comm_hooks import CommHook
 from minidist.ddp.reducer import Reducer, ReducerPolicy
+from minidist.mesh import group_of
 
 
 class DDP(nn.Module):
     """Data parallelism: replicate `module`, average gradients with bucketed async all_reduce.
 
-    Arguments mirror torch.nn.parallel.DistributedDataParallel. `comm_hook`
+    Arguments mirror torch.nn.parallel.DistributedDataParallel: the replicas are
+    `process_group`'s ranks or those of the 1-D `device_mesh` (neither = the world). `comm_hook`
     (hook(state, bucket) -> Future[Tensor], see comm_hooks.py) replaces the
     default average (each gradient divided by N as it is copied into its
     bucket, then all_reduce SUM); its state is the process group.
@@ -43,16 +46,15 @@ class DDP(nn.Module):
     """
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
-                 bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
+                 device_mesh: DeviceMesh | None = None, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  gradient_as_bucket_view: bool = False, broadcast_buffers: bool = True,
                  comm_hook: CommHook | None = None):
         super().__init__()
         self.module = module
-        self.process_group = process_group
+        self.process_group = process_group = group_of("DDP", process_group, device_mesh)
         self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True
         """False inside no_sync(): the next backward only accumulates locally."""
-        self._src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         named = list(module.named_parameters())  # tied parameters appear once
         self._buffers_to_sync = [b for b in module.buffers()]
         _verify_same_model(named, list(module.named_buffers()), process_group)
@@ -96,7 +98,7 @@ class DDP(nn.Module):
         if dist.get_world_size(self.process_group) == 1:
             return
         with torch.no_grad():
-            works = [comm.broadcast(t, src=self._src, group=self.process_group, async_op=True) for t in tensors]
+            works = [comm.broadcast(t, group=self.process_group, group_src=0, async_op=True) for t in tensors]
             for w in works:
                 w.wait()
 

@@ -144,9 +144,8 @@ class Reducer:
         self.sync = sync
         if self.num_rebuilds == 0 and self._order_done:
             order = torch.tensor(self._ready_order, dtype=torch.int64)
-            src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
             order = order.to(self.buckets[0].flat.device)  # NCCL only moves device tensors
-            comm.broadcast(order, src=src, group=self.group)  # everyone builds rank 0's buckets
+            comm.broadcast(order, group=self.group, group_src=0)  # everyone builds rank 0's buckets
             self._build(order.tolist())
             self.num_rebuilds += 1
             self._ready_order = []

@@ -6,10 +6,10 @@ order, prefetch, end of backward), api (the FSDP module and its strategies),
 state_dict (checkpoints).
 """
 
-from minidist.fsdp.api import FSDP, MixedPrecisionPolicy, ShardingStrategy, hybrid_groups
+from minidist.fsdp.api import FSDP, MixedPrecisionPolicy, ShardingStrategy
 from minidist.fsdp.param import FlatParamShard, ShardedState
 from minidist.fsdp.schedule import Schedule
 from minidist.fsdp.unit import FSDPUnit, TrainingState
 
-__all__ = ["FSDP", "MixedPrecisionPolicy", "ShardingStrategy", "hybrid_groups", "FlatParamShard",
+__all__ = ["FSDP", "MixedPrecisionPolicy", "ShardingStrategy", "FlatParamShard",
            "ShardedState", "Schedule", "FSDPUnit", "TrainingState"]

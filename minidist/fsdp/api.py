@@ -29,12 +29,14 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
 from minidist.fsdp import state_dict as _sd
 from minidist.fsdp.param import FlatParamShard, ParamInfo
 from minidist.fsdp.schedule import Schedule
 from minidist.fsdp.unit import FSDPUnit, UnitComm
+from minidist.mesh import group_of
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
 
@@ -56,30 +58,6 @@ class MixedPrecisionPolicy:
 
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
-
-
-def hybrid_groups(shard_size: int, group: dist.ProcessGroup | None = None
-                  ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """(shard_group, replicate_group) of a (N / shard_size) x shard_size mesh over `group`.
-
-    Ranks [k*G, (k+1)*G) shard together; ranks {j, j+G, j+2G, ...} replicate. Every rank
-    creates every group, in the same order (dist.new_group is collective).
-    """
-    ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
-    n = len(ranks)
-    if shard_size < 1 or n % shard_size:
-        raise ValueError(f"shard_size={shard_size} must divide the group size {n}")
-    me = dist.get_rank()
-    shard = replicate = None
-    for k in range(n // shard_size):
-        g = dist.new_group(ranks[k * shard_size:(k + 1) * shard_size])
-        if me in ranks[k * shard_size:(k + 1) * shard_size]:
-            shard = g
-    for j in range(shard_size):
-        g = dist.new_group(ranks[j::shard_size])
-        if me in ranks[j::shard_size]:
-            replicate = g
-    return shard, replicate
 
 
 def _is_unit(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
@@ -138,8 +116,10 @@ class FSDP(nn.Module):
     """Fully sharded data parallel wrapper. See the module docstring and minidist.fsdp.unit.
 
     module: the model, already on its device (the shards are views of buffers built here).
-    process_group: the ranks that share the work (None = world); for hybrid_shard a
-        (shard_group, replicate_group) tuple, see hybrid_groups().
+    mesh: a DeviceMesh (FSDP2's convention). 1-D: the ranks that shard the parameters
+        (that replicate them, for no_shard). 2-D ("replicate", "shard"): hybrid_shard, see
+        minidist.mesh.hybrid_mesh. process_group: a plain group instead of a 1-D mesh.
+        Neither = the world.
     wrap: module classes, or a predicate on a module, choosing the units; the parameters
         no unit claims form the root unit.
     forward_prefetch / backward_prefetch / max_inflight_all_gathers: how far ahead the next
@@ -151,7 +131,8 @@ class FSDP(nn.Module):
     updates. Wrap before building the optimizer; do not move the module afterwards.
     """
 
-    def __init__(self, module: nn.Module, *, process_group=None, wrap: WrapPolicy = None,
+    def __init__(self, module: nn.Module, *, mesh: DeviceMesh | None = None,
+                 process_group: dist.ProcessGroup | None = None, wrap: WrapPolicy = None,
                  sharding_strategy: str | ShardingStrategy = "full_shard", forward_prefetch: bool = True,
                  backward_prefetch: bool = True, max_inflight_all_gathers: int = 2,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
@@ -166,7 +147,7 @@ class FSDP(nn.Module):
         self.mp_policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
         if max_inflight_all_gathers < 0:
             raise ValueError("max_inflight_all_gathers must be >= 0")
-        self._comm = self._make_comm(strategy, process_group, reduce_dtype)
+        self._comm = self._make_comm(strategy, mesh, process_group, reduce_dtype)
         shard_rank = 0 if self._comm.shard_world == 1 else dist.get_rank(self._comm.shard_group)
         self._schedule = Schedule([], forward_prefetch, backward_prefetch, max_inflight_all_gathers)
         self._units: list[FSDPUnit] = []
@@ -176,21 +157,22 @@ class FSDP(nn.Module):
         self._schedule.units = self._units
 
     @staticmethod
-    def _make_comm(strategy: ShardingStrategy, process_group, reduce_dtype) -> UnitComm:
+    def _make_comm(strategy: ShardingStrategy, mesh: DeviceMesh | None, process_group,
+                   reduce_dtype) -> UnitComm:
         size = lambda g: dist.get_world_size(g)  # noqa: E731
         if strategy is ShardingStrategy.HYBRID_SHARD:
-            if not (isinstance(process_group, tuple) and len(process_group) == 2):
-                raise ValueError("hybrid_shard needs process_group=(shard_group, replicate_group); "
-                                 "build them with minidist.fsdp.hybrid_groups(shard_size)")
-            shard, rep = process_group
+            if mesh is None or mesh.ndim != 2:
+                raise ValueError("hybrid_shard needs a 2-D mesh (replicate, shard): "
+                                 "mesh=minidist.mesh.hybrid_mesh(topo, shard=ranks_per_shard_group)")
+            rep, shard = mesh.get_group(0), mesh.get_group(1)
             return UnitComm(shard, size(shard), rep, size(rep), True, reduce_dtype)
-        if isinstance(process_group, tuple):
-            raise ValueError(f"a (shard_group, replicate_group) tuple needs sharding_strategy='hybrid_shard', "
-                             f"not {strategy.value!r}")
+        if mesh is not None and mesh.ndim != 1:
+            raise ValueError(f"sharding_strategy={strategy.value!r} spans one mesh dimension, got a "
+                             f"{mesh.ndim}-D mesh; use sharding_strategy='hybrid_shard' or pass one dimension")
+        group = group_of("FSDP", process_group, mesh)
         if strategy is ShardingStrategy.NO_SHARD:
-            return UnitComm(None, 1, process_group, size(process_group), False, reduce_dtype)
-        return UnitComm(process_group, size(process_group), None, 1,
-                        strategy is ShardingStrategy.FULL_SHARD, reduce_dtype)
+            return UnitComm(None, 1, group, size(group), False, reduce_dtype)
+        return UnitComm(group, size(group), None, 1, strategy is ShardingStrategy.FULL_SHARD, reduce_dtype)
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:

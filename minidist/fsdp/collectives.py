@@ -50,8 +50,7 @@ def all_reduce_grad(grad: torch.Tensor, group: dist.ProcessGroup | None, async_o
 
 def broadcast_flat(flat: torch.Tensor, group: dist.ProcessGroup | None, src_group_rank: int = 0) -> None:
     """Copy `flat` from group rank `src_group_rank` to every member of `group` (state dict loading)."""
-    src = src_group_rank if group is None else dist.get_global_rank(group, src_group_rank)
-    comm.broadcast(flat, src, group=group)
+    comm.broadcast(flat, group=group, group_src=src_group_rank)
 
 
 def all_gather_flat(full: torch.Tensor, shard: torch.Tensor, group: dist.ProcessGroup | None) -> None:

@@ -151,12 +151,13 @@ def build_strategy(cfg, model: nn.Module, optim_cfg, topo: Topology, block_types
                                               **opt_kwargs)
         return Strategy(kind, wrapped, opt, topo)
     if kind in FSDP_KINDS:
-        group = topo.group
+        from minidist.mesh import data_parallel_mesh, hybrid_mesh
         if kind == "hybrid_shard":
-            from minidist.fsdp import hybrid_groups
             shard_size = cfg.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", topo.world_size))
-            group = hybrid_groups(shard_size)
-        wrapped = minidist.FSDP(model, process_group=group, wrap=set(block_types) if cfg.wrap_blocks else None,
+            mesh = hybrid_mesh(topo, shard_size)
+        else:
+            mesh = data_parallel_mesh(topo)
+        wrapped = minidist.FSDP(model, mesh=mesh, wrap=set(block_types) if cfg.wrap_blocks else None,
                            sharding_strategy=kind, forward_prefetch=cfg.forward_prefetch,
                            backward_prefetch=cfg.backward_prefetch,
                            max_inflight_all_gathers=cfg.max_inflight_all_gathers,

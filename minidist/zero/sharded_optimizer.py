@@ -1,7 +1,7 @@
 """ShardedOptimizer: ZeRO-1, any torch optimizer with its state split across ranks.
 
     model = minidist.DDP(net)                                  # grads are averaged on every rank
-    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
+    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, mesh=mesh, lr=1e-3)   # mesh: 1-D, as DDP's
     loss.backward(); opt.step(); opt.zero_grad()
 
 Memory per rank for P parameters (fp32 AdamW, bytes): params 4P + grads 4P +
@@ -24,8 +24,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
+from minidist.mesh import group_of
 from minidist.zero.partition import partition_by_numel
 
 
@@ -33,14 +35,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
     """Keeps `optimizer_cls` state only for this rank's share; step() updates every rank's params."""
 
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], *,
-                 process_group: dist.ProcessGroup | None = None, **kwargs: Any):
+                 process_group: dist.ProcessGroup | None = None, mesh: DeviceMesh | None = None, **kwargs: Any):
         groups = list(params)
         if not groups:
             raise ValueError("ShardedOptimizer got an empty parameter list")
         if not isinstance(groups[0], dict):
             groups = [{"params": groups}]
         groups = [dict(g, params=list(g["params"])) for g in groups]
-        self.process_group = process_group
+        self.process_group = process_group = group_of("ShardedOptimizer", process_group, mesh)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         all_params = [p for g in groups for p in g["params"]]
@@ -56,13 +58,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._shards = self._plan_broadcasts(all_params)
 
     def _plan_broadcasts(self, params: list[torch.Tensor]) -> list[tuple[int, list[torch.Tensor]]]:
-        """[(owner global rank, its params of one dtype/device)]: one broadcast each per step."""
+        """[(owner's group rank, its params of one dtype/device)]: one broadcast each per step."""
         plan: dict[tuple, list[torch.Tensor]] = {}
         for p, r in zip(params, self._owner):
             plan.setdefault((r, p.dtype, p.device), []).append(p)
-        to_global = (lambda r: r) if self.process_group is None else \
-            (lambda r: dist.get_global_rank(self.process_group, r))
-        return [(to_global(r), ps) for (r, _, _), ps in sorted(plan.items(), key=lambda kv: kv[0][0])]
+        return [(r, ps) for (r, _, _), ps in sorted(plan.items(), key=lambda kv: kv[0][0])]
 
     def add_param_group(self, param_group: dict) -> None:
         if not getattr(self, "_initialising", False):
@@ -86,13 +86,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.world_size == 1:
             return
         flats = []
-        me = dist.get_rank()
+        me = self.rank
         for src, ps in self._shards:  # launch all, then wait: the N broadcasts can overlap
             if src == me:  # the owner sends its freshly updated share ...
                 flat = torch.cat([p.detach().reshape(-1) for p in ps])
             else:  # ... everyone else receives it into scratch space
                 flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
-            flats.append((flat, ps, comm.broadcast(flat, src=src, group=self.process_group, async_op=True)))
+            flats.append((flat, ps, comm.broadcast(flat, group=self.process_group, group_src=src, async_op=True)))
         for (src, _), (flat, ps, work) in zip(self._shards, flats):
             work.wait()
             if src == me:

@@ -7,7 +7,9 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
-from minidist.fsdp import FSDP, hybrid_groups
+from minidist import runtime
+from minidist.fsdp import FSDP
+from minidist.mesh import hybrid_mesh
 from tests.common import rank_slice
 from tests.fsdp.helpers import WRAPS, loss_of, make_batches, make_model, make_opt, max_diff, reference, train
 
@@ -58,7 +60,7 @@ def test_clip_world2(run_dist):
 
 
 def body_clip_hybrid() -> dict:
-    return body_clip([{"sharding_strategy": "hybrid_shard", "process_group": hybrid_groups(2)}])
+    return body_clip([{"sharding_strategy": "hybrid_shard", "mesh": hybrid_mesh(runtime.init("gloo"), shard=2)}])
 
 
 def test_clip_hybrid_world4(run_dist):

@@ -13,7 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minidist.fsdp import FSDP, hybrid_groups
+from minidist import runtime
+from minidist.fsdp import FSDP
+from minidist.mesh import hybrid_mesh
 from tests.fsdp.helpers import WRAPS, loss_of, make_batches, make_model, max_diff, reference, train
 
 TOL = 1e-6
@@ -46,8 +48,8 @@ def body_strategies(kinds: list[str], strategies: list[str], prefetch_variants: 
 
 
 def body_hybrid(kinds: list[str]) -> dict:
-    groups = hybrid_groups(2)
-    return {("hybrid", kind, wrap): _run(kind, wrap, sharding_strategy="hybrid_shard", process_group=groups)
+    mesh = hybrid_mesh(runtime.init("gloo"), shard=2)
+    return {("hybrid", kind, wrap): _run(kind, wrap, sharding_strategy="hybrid_shard", mesh=mesh)
             for kind in kinds for wrap in (False, True)}
 
 
