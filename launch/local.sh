@@ -5,7 +5,7 @@
 # Every launch names one run directory (outputs/$RUN) and resumes from its latest complete
 # checkpoint (resume=auto); a worker that crashes makes torchrun restart all workers (up to
 # MAX_RESTARTS times), and they continue from that checkpoint. Set trainer.ckpt_interval so
-# there is one to continue from.
+# there is one to continue from. ENTRY=module runs another entry point (default recipes.train).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCHRUN=${TORCHRUN:-$([ -x .venv/bin/torchrun ] && echo .venv/bin/torchrun || echo torchrun)}
@@ -13,4 +13,4 @@ NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)}
 [ "${NPROC:-0}" -gt 0 ] || NPROC=2  # no GPU: CPU processes with gloo
 RUN=${RUN:-local-$(date +%Y%m%d-%H%M%S)}
 exec "$TORCHRUN" --standalone --nproc_per_node="$NPROC" --max-restarts="${MAX_RESTARTS:-3}" \
-    -m recipes.train name="$RUN" resume=auto trainer.ckpt_interval="${CKPT_INTERVAL:-100}" "$@"
+    -m "${ENTRY:-recipes.train}" name="$RUN" resume=auto trainer.ckpt_interval="${CKPT_INTERVAL:-100}" "$@"

@@ -13,4 +13,4 @@ NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)}
 [ "${NPROC:-0}" -gt 0 ] || NPROC=1  # no GPU: CPU processes with gloo
 exec "$TORCHRUN" --nnodes="$NNODES" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$NPROC" \
     --rdzv_backend=c10d --rdzv_endpoint="$MASTER" --rdzv_id="$RUN" --max-restarts="${MAX_RESTARTS:-3}" \
-    -m recipes.train name="$RUN" resume=auto trainer.ckpt_interval="${CKPT_INTERVAL:-100}" "$@"
+    -m "${ENTRY:-recipes.train}" name="$RUN" resume=auto trainer.ckpt_interval="${CKPT_INTERVAL:-100}" "$@"

@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, callbacks=()) -> None:
+    """Compose the config, train on every rank, exit; callbacks go to train() (tests inject faults so)."""
     args = sys.argv[1:] if argv is None else argv
     from minidist import runtime
     from minidist.train.compose import ConfigError, compose_config, to_yaml
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         with runtime.distributed(cfg.backend.value, cfg.timeout_s) as topo:
-            train(cfg, topo)
+            train(cfg, topo, callbacks)
     except KeyboardInterrupt:
         runtime.exit_on_error(KeyboardInterrupt("interrupted"))
     except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from omegaconf import MISSING
 
 from minidist.models.gpt import GPTConfig
+from minidist.runtime import BACKENDS
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -37,16 +39,20 @@ class WandbMode(enum.Enum):
     online = "online"
 
 
-class Backend(enum.Enum):
-    auto = "auto"
-    gloo = "gloo"
-    nccl = "nccl"
+Backend = enum.Enum("Backend", {b: b for b in BACKENDS})
+"""minidist.runtime.BACKENDS as a config type: auto, gloo, nccl."""
 
 
 class DType(enum.Enum):
+    """A floating-point dtype by its config name; `.torch_dtype` is the torch one."""
+
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
 
 
 # ----------------------------------------------------------------- strategy
@@ -142,7 +148,7 @@ class StdlibData:
     source: str = "stdlib"
     """Data source (set by the preset)."""
     max_bytes: int = 4_000_000
-    """Cap on the corpus size; files are taken in sorted path order until it is reached."""
+    """Cap on the corpus size; files are taken in a fixed order (a hash of their path) until it is reached."""
     val_percent: int = 5
     """Percent of files (chosen by a hash of their path) held out for validation."""
 
@@ -247,10 +253,6 @@ class TrainerConfig:
     """Length of the text sample printed at the end (GPT only; 0 disables)."""
     progress_bar: bool = True
     """tqdm bar on rank 0."""
-    stop_after: Optional[int] = None
-    """Stop (as if killed, after checkpointing) once this step is done: tests resume."""
-    crash_at_step: Optional[int] = None
-    """Fault injection: rank 0 raises at this step once per run dir (a marker remembers)."""
 
 
 @dataclass
@@ -273,7 +275,7 @@ class RunConfig:
     """Top level: the groups plus where the run lives."""
 
     strategy: Any = MISSING
-    """Parallelism: single, ddp, zero1, shard_grad_op, full_shard, hybrid_shard."""
+    """Parallelism: single, ddp, zero1, shard_grad_op, full_shard, no_shard, hybrid_shard."""
     model: Any = MISSING
     """gpt or resnet18."""
     data: Any = MISSING

@@ -1,36 +1,92 @@
-"""The training loop, the same for every strategy and model.
+"""The training loop, in phases, the same for every strategy and model.
 
-    topo = minidist.runtime.init(); cfg = compose_config([...])
-    result = train(cfg, topo)        # on every rank; returns the final validation metrics
+    run = setup(cfg, topo)                 # run dir, seed, mesh, model + wrappers, data, resume, logger
+    for step in range(run.start_step, cfg.trainer.steps):
+        stats = train_step(run, step)      # grad_accum micro-batches, clip, optimizer step
+        log_step(run, stats)               # on log steps only: the one host sync, a metrics row
+        evaluate / save_checkpoint         # at their intervals
+    return finish(run)                     # final evaluation, sample, plot
 
-One optimizer step = grad_accum micro-batches per rank. Only the last one
-communicates (the others run under strategy.no_sync()), so the step costs one
-gradient reduction however many micro-batches it has. Every log_interval-th
-step runs inside minidist.comm.trace(), so the metrics show what that step sent.
-train() does not create or destroy the process group: the recipe (or a test
-harness) owns it.
+`train(cfg, topo)` runs exactly that. One optimizer step = grad_accum micro-batches
+per rank; only the last one communicates (the others run under no_sync), so a
+step costs one gradient reduction however many micro-batches it has. Every
+log_interval-th step runs inside minidist.comm.trace(), so the metrics show what
+that step sent. Callbacks (`callbacks=[fn]`, fn(run, step_done)) run after every
+step; one may call `run.request_stop()`, and the run then checkpoints and returns.
+train() does not create or destroy the process group: the recipe (or a test) owns it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 from omegaconf import OmegaConf
 
 from minidist import Topology, comm
+from minidist.mesh import all_reduce_dp, dp_rank, dp_size, is_main
 from minidist.train.checkpoint import Checkpointer
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
-from minidist.train.strategy import build_strategy
+from minidist.train.parallelize import (build_mesh, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
+                                        parallelize)
+from minidist.train.run_dir import run_dir_for
 from minidist.train.task import make_task
 
-CRASH_MARKER = "crash_injected"
+
+@dataclass
+class Run:
+    """Everything one training run holds between phases."""
+
+    cfg: Any
+    topo: Topology
+    mesh: Any
+    run_dir: Path
+    task: Any
+    model: torch.nn.Module
+    """What forward/backward run on: the user's model inside its wrappers."""
+    optimizer: torch.optim.Optimizer
+    stream: BatchStream
+    val_stream: BatchStream
+    ckpt: Checkpointer
+    logger: NullLogger
+    info: dict
+    start_step: int = 0
+    stop_requested: bool = False
+    window: list = field(default_factory=list)
+    """StepStats since the last logged step."""
+    t0: float = field(default_factory=time.perf_counter)
+
+    def request_stop(self) -> None:
+        """Checkpoint after the current step and return from train() (resume=auto continues)."""
+        self.stop_requested = True
+
+    def autocast(self):
+        bf16 = self.cfg.trainer.precision.value == "bf16"
+        return torch.autocast(self.topo.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+@dataclass
+class StepStats:
+    step: int
+    """Steps done after this one."""
+    loss: torch.Tensor
+    """Mean micro-batch loss on this rank, on the device (not read: no host sync)."""
+    grad_norm: torch.Tensor | None
+    lr: float
+    seconds: float
+    items: int
+    """Tokens or samples the whole job processed in this step."""
+    trace: comm.Trace | None
+
+
+Callback = Callable[[Run, int], None]
 
 
 def lr_at(step: int, optim_cfg, total_steps: int) -> float:
@@ -43,43 +99,142 @@ def lr_at(step: int, optim_cfg, total_steps: int) -> float:
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def run_dir_for(cfg, topo: Topology) -> Path:
-    """<out_dir>/<name>, the same on every rank: a missing name is chosen by rank 0 and broadcast."""
-    name = cfg.name
-    if not name:
-        buf = torch.zeros(256, dtype=torch.uint8, device=topo.device)  # NCCL: device tensors only
-        if topo.is_main:
-            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-            raw = f"{cfg.model.name}-{cfg.strategy.name}-{stamp}".encode()
-            buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8, device=topo.device)
-        comm.broadcast(buf, src=0, group=topo.group)
-        name = bytes(buf[buf != 0].cpu().tolist()).decode()
-    return Path(cfg.out_dir) / name
+# ----------------------------------------------------------------------------- setup
+def setup(cfg, topo: Topology) -> Run:
+    """Build the run on every rank: mesh, model and wrappers, optimizer, data, checkpoints; resume."""
+    tc = cfg.trainer
+    mesh = build_mesh(cfg.strategy, topo)
+    run_dir = run_dir_for(cfg, topo, mesh)
+    torch.manual_seed(tc.seed)
+    random.seed(tc.seed)
+    task = make_task(cfg.model)
+    model, blocks = task.build()  # identical init on every rank (same seed)
+    model = parallelize(model.to(topo.device), mesh, cfg.strategy, blocks)
+    optimizer = build_optimizer(model, mesh, cfg.strategy, cfg.optim)
+    train_ds, val_ds, info = build_datasets(cfg, topo)
+    rank, world = dp_rank(mesh), dp_size(mesh)
+    stream = BatchStream(train_ds, tc.batch_size, rank, world, tc.seed)
+    val_stream = BatchStream(val_ds, tc.batch_size, rank, world, tc.seed, shuffle=False)
+    ckpt = Checkpointer(run_dir, tc.keep_last, model, optimizer, mesh)
+    start, resumed_from = _resume(cfg, ckpt, stream)
+    logger = NullLogger()
+    if is_main(mesh):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        logger = RunLogger(run_dir, cfg, start, tc.steps, OmegaConf.to_container(cfg, enum_to_str=True),
+                           run_dir.name)
+    if resumed_from is not None:
+        logger.message(f"resumed from step {start} ({resumed_from})")
+    return Run(cfg, topo, mesh, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info, start)
 
 
-def _all_mean(values: list[float], topo: Topology) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=topo.device)
-    comm.all_reduce(t, group=topo.group)
-    return (t / topo.world_size).cpu().tolist()
+def _resume(cfg, ckpt: Checkpointer, stream: BatchStream) -> tuple[int, Path | None]:
+    """(first step to run, the checkpoint it comes from): restores model, optimizer, RNG and data position."""
+    if cfg.resume == "never":
+        return 0, None
+    d = ckpt.latest() if cfg.resume == "auto" else Path(cfg.resume)
+    if d is None:
+        return 0, None
+    state = ckpt.load(d)
+    stream.load_state_dict(state["data"])
+    return int(state["step"]), d
 
 
+# ------------------------------------------------------------------------------ step
+def train_step(run: Run, step: int) -> StepStats:
+    """One optimizer step: grad_accum micro-batches (communicating on the last), clip, update."""
+    tc, opt = run.cfg.trainer, run.optimizer
+    lr = lr_at(step, run.cfg.optim, tc.steps)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    traced = (step + 1) % tc.log_interval == 0
+    t0 = time.perf_counter()
+    items = 0
+    with comm.trace() if traced else contextlib.nullcontext() as tr:
+        step_loss = torch.zeros((), device=run.topo.device)  # summed on the device: no host sync
+        for micro in range(tc.grad_accum):
+            batch = [b.to(run.topo.device, non_blocking=True) for b in next(run.stream)]
+            items += run.task.count(batch)
+            last = micro == tc.grad_accum - 1
+            with (contextlib.nullcontext() if last else no_sync(run.model)), run.autocast():
+                loss = run.task.loss(run.model, batch) / tc.grad_accum
+            loss.backward()
+            step_loss += loss.detach()
+        grad_norm = clip_grad_norm_(run.model, tc.grad_clip) if tc.grad_clip > 0 else None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return StepStats(step + 1, step_loss, grad_norm, lr, time.perf_counter() - t0,
+                     items * dp_size(run.mesh), tr)
+
+
+# ------------------------------------------------------------------------------- log
+def log_step(run: Run, stats: StepStats) -> None:
+    """Collect the step; on a traced step or the last one, write a metrics row (the only host sync)."""
+    run.window.append(stats)
+    if stats.trace is None and stats.step != run.cfg.trainer.steps:
+        return
+    window, run.window = run.window, []
+    mean_loss = all_reduce_dp(torch.stack([s.loss for s in window]).mean().double(), run.mesh)
+    mean_loss = float(mean_loss) / dp_size(run.mesh)
+    step_s = sum(s.seconds for s in window) / len(window)
+    per_s = stats.items / step_s
+    row = {"step": stats.step, "train/loss": mean_loss, "train/lr": stats.lr, "train/step_s": step_s,
+           f"train/{run.task.unit}_per_s": per_s}
+    if stats.grad_norm is not None:
+        row["train/grad_norm"] = float(stats.grad_norm)
+    if stats.trace is not None:
+        row |= comm_summary(stats.trace)
+    run.logger.log(row)
+    run.logger.progress(stats.step, {"loss": f"{mean_loss:.3f}", f"{run.task.unit[:3]}/s": f"{per_s:,.0f}",
+                                     "step": f"{step_s * 1e3:.0f}ms"})
+
+
+# -------------------------------------------------------------------------- evaluate
 @torch.no_grad()
-def evaluate(strategy, task, stream: BatchStream, device, max_batches, autocast) -> dict[str, float]:
-    """Every rank runs the same number of validation batches of its own shard; sums are all-reduced."""
-    model = strategy.model
-    model.eval()
+def evaluate(run: Run, max_batches: int | None) -> dict[str, float]:
+    """Every rank runs the same number of validation batches of its own shard; the sums are all-reduced."""
+    run.model.eval()
     sums = None
-    for batch in stream.one_pass(max_batches):
-        with autocast():
-            s = task.eval_sums(model, [b.to(device) for b in batch])
+    for batch in run.val_stream.one_pass(max_batches):
+        with run.autocast():
+            s = run.task.eval_sums(run.model, [b.to(run.topo.device) for b in batch])
         sums = s if sums is None else sums + s
-    model.train()
-    comm.all_reduce(sums, group=strategy.topo.group)
-    return task.report(sums.cpu())
+    run.model.train()
+    return run.task.report(all_reduce_dp(sums, run.mesh).cpu())
 
 
-def _sample(cfg, task, full_state: dict, n_bytes: int) -> str:
-    """Rank 0: a fresh copy of the model on the CPU, loaded with the full state, continues a prompt."""
+def save_checkpoint(run: Run, step: int) -> None:
+    run.ckpt.save(step, {"step": step, "data": run.stream.state_dict()})
+
+
+# ---------------------------------------------------------------------------- finish
+def finish(run: Run) -> dict:
+    """Final evaluation on the whole validation split, a text sample and the plot (main process)."""
+    tc = run.cfg.trainer
+    final = evaluate(run, None)
+    full_state = full_state_dict(run.model, run.mesh)
+    result = {"run_dir": str(run.run_dir), "stopped": False, **run.info, **final, "step": tc.steps,
+              "wall_s": time.perf_counter() - run.t0}
+    if not is_main(run.mesh):
+        return result
+    lines = ["final  " + "  ".join(f"{k} {v:.4f}" for k, v in final.items())]
+    if "unigram_bpb" in run.info:
+        ratio = final["val/bits_per_byte"] / run.info["unigram_bpb"]
+        result["bpb_vs_unigram"] = ratio
+        lines.append(f"bits per byte: {final['val/bits_per_byte']:.2f}, unigram baseline "
+                     f"{run.info['unigram_bpb']:.2f}, ratio {ratio:.2f} (lower is better)")
+    if tc.sample_bytes and run.task.unit == "tokens":
+        lines.append("sample:\n" + _sample(run.task, full_state, tc.sample_bytes))
+    run.logger.log({"step": tc.steps, **{f"final/{k.split('/')[-1]}": v for k, v in final.items()}})
+    png = plot(run.run_dir, run.task.unit)
+    lines.append(f"outputs in {run.run_dir} (metrics.jsonl, {png.name}, config.yaml)")
+    for line in lines:
+        run.logger.message(line)
+    return result | {"model_state": full_state}
+
+
+def _sample(task, full_state: dict, n_bytes: int) -> str:
+    """A fresh copy of the model on the CPU, loaded with the full state, continues a prompt."""
     model, _ = task.build()
     model.load_state_dict(full_state)
     model.eval()
@@ -88,111 +243,28 @@ def _sample(cfg, task, full_state: dict, n_bytes: int) -> str:
     return bytes(out[0].tolist()).decode("utf-8", errors="replace")
 
 
-def train(cfg, topo: Topology) -> dict:
+# ------------------------------------------------------------------------------ loop
+def train(cfg, topo: Topology, callbacks: Sequence[Callback] = ()) -> dict:
     """Run (or resume) the training described by cfg on every rank of topo; return the final metrics."""
-    t0 = time.perf_counter()
+    run = setup(cfg, topo)
     tc = cfg.trainer
-    run_dir = run_dir_for(cfg, topo)
-    if topo.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    torch.manual_seed(tc.seed)
-    random.seed(tc.seed)
-
-    task = make_task(cfg.model)
-    model, blocks = task.build()  # identical init on every rank (same seed)
-    strategy = build_strategy(cfg.strategy, model.to(topo.device), cfg.optim, topo, blocks)
-    train_ds, val_ds, info = build_datasets(cfg, topo)
-    stream = BatchStream(train_ds, tc.batch_size, topo.rank, topo.world_size, tc.seed)
-    val_stream = BatchStream(val_ds, tc.batch_size, topo.rank, topo.world_size, tc.seed, shuffle=False)
-    ckpt = Checkpointer(run_dir, tc.keep_last, strategy)
-
-    start = 0
-    if cfg.resume != "never":
-        d = ckpt.latest() if cfg.resume == "auto" else Path(cfg.resume)
-        if d is not None:
-            state = ckpt.load(d)
-            start = int(state["step"])
-            stream.load_state_dict(state["data"])
-
-    bf16 = tc.precision.value == "bf16"
-    autocast = lambda: torch.autocast(topo.device.type, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
-    logger = (RunLogger(run_dir, cfg, start, tc.steps, OmegaConf.to_container(cfg, enum_to_str=True), run_dir.name)
-              if topo.is_main else NullLogger())
-    if start:
-        logger.message(f"resumed from step {start} ({d})")
-    per_step_items = None
-    window_loss, window_time, window_steps = 0.0, 0.0, 0
-    result: dict = {"run_dir": str(run_dir), "stopped": False, **info}
-    opt = strategy.optimizer
-
     try:  # the logger's files are closed however the loop ends (a crash included)
-        for step in range(start, tc.steps):
-            if tc.crash_at_step == step + 1 and topo.is_main and not (run_dir / CRASH_MARKER).exists():
-                (run_dir / CRASH_MARKER).write_text("rank 0 crashed here once, on purpose\n")
-                raise RuntimeError(f"injected crash before step {step + 1} (trainer.crash_at_step)")
-            lr = lr_at(step, cfg.optim, tc.steps)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            traced = (step + 1) % tc.log_interval == 0
-            ts = time.perf_counter()
-            with comm.trace() if traced else contextlib.nullcontext() as tr:
-                step_loss = torch.zeros((), device=topo.device)  # summed on device: no host sync per step
-                for micro in range(tc.grad_accum):
-                    batch = [b.to(topo.device, non_blocking=True) for b in next(stream)]
-                    per_step_items = per_step_items or task.count(batch) * tc.grad_accum * topo.world_size
-                    last = micro == tc.grad_accum - 1
-                    with (contextlib.nullcontext() if last else strategy.no_sync()), autocast():
-                        loss = task.loss(strategy.model, batch) / tc.grad_accum
-                    loss.backward()
-                    step_loss += loss.detach()
-                gnorm = strategy.clip_grad_norm_(tc.grad_clip) if tc.grad_clip > 0 else float("nan")
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            window_time += time.perf_counter() - ts
-            window_loss += step_loss
-            window_steps += 1
-            done = step + 1
-
-            if traced or done == tc.steps:
-                mean_loss, = _all_mean([float(window_loss) / window_steps], topo)
-                step_s = window_time / window_steps
-                row = {"step": done, "train/loss": mean_loss, "train/lr": lr, "train/grad_norm": gnorm,
-                       "train/step_s": step_s, f"train/{task.unit}_per_s": per_step_items / step_s}
-                if traced:
-                    row |= comm_summary(tr)
-                logger.log(row)
-                logger.progress(done, {"loss": f"{mean_loss:.3f}", f"{task.unit[:3]}/s": f"{per_step_items / step_s:,.0f}",
-                                       "step": f"{step_s * 1e3:.0f}ms"})
-                window_loss, window_time, window_steps = 0.0, 0.0, 0
+        for step in range(run.start_step, tc.steps):
+            stats = train_step(run, step)
+            log_step(run, stats)
+            done = stats.step
             if tc.eval_interval and done % tc.eval_interval == 0 and done != tc.steps:
-                metrics = evaluate(strategy, task, val_stream, topo.device, tc.eval_batches, autocast)
-                logger.log({"step": done, **metrics})
-                logger.message(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-            stopping = tc.stop_after is not None and done == tc.stop_after and done != tc.steps
+                metrics = evaluate(run, tc.eval_batches)
+                run.logger.log({"step": done, **metrics})
+                run.logger.message(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            for callback in callbacks:
+                callback(run, done)
+            stopping = run.stop_requested and done != tc.steps
             if (tc.ckpt_interval and done % tc.ckpt_interval == 0) or stopping:
-                ckpt.save(done, {"step": done, "data": stream.state_dict(), "lr": lr})
+                save_checkpoint(run, done)
             if stopping:
-                logger.message(f"stopping after step {done} (trainer.stop_after); resume=auto continues")
-                return result | {"stopped": True, "step": done}
-
-        final = evaluate(strategy, task, val_stream, topo.device, None, autocast)
-        full_state = strategy.full_state_dict()
-        result |= final | {"step": tc.steps, "wall_s": time.perf_counter() - t0}
-        if topo.is_main:
-            lines = [f"final  " + "  ".join(f"{k} {v:.4f}" for k, v in final.items())]
-            if "unigram_bpb" in info:
-                ratio = final["val/bits_per_byte"] / info["unigram_bpb"]
-                result["bpb_vs_unigram"] = ratio
-                lines.append(f"unigram baseline {info['unigram_bpb']:.4f} bits/byte; model reaches {ratio:.1%} of it")
-            if tc.sample_bytes and task.unit == "tokens":
-                lines.append("sample:\n" + _sample(cfg, task, full_state, tc.sample_bytes))
-            logger.log({"step": tc.steps, **{f"final/{k.split('/')[-1]}": v for k, v in final.items()}})
-            png = plot(run_dir, task.unit)
-            lines.append(f"outputs in {run_dir} (metrics.jsonl, {png.name}, config.yaml)")
-            result["model_state"] = full_state
-            for line in lines:
-                logger.message(line)
-        return result
+                run.logger.message(f"stopped after step {done}; resume=auto continues")
+                return {"run_dir": str(run.run_dir), "stopped": True, "step": done}
+        return finish(run)
     finally:
-        logger.close()
+        run.logger.close()

@@ -31,9 +31,9 @@ def _noise(stderr: str) -> list[str]:
 def test_crashed_worker_restarts_from_checkpoint_and_finishes(tmp_path):
     # Exactly one restart allowed: the restarted attempt must rendezvous on its first try
     # (minidist.runtime prefixes the store keys per attempt; see _restart_safe_store).
-    env = ENV | {"NPROC": "2", "MAX_RESTARTS": "1", "RUN": "crash", "CKPT_INTERVAL": "4"}
-    p = subprocess.run(["bash", str(REPO / "launch/local.sh"), *TINY, f"out_dir={tmp_path}",
-                        "trainer.crash_at_step=7", "logger.mode=offline"],
+    env = ENV | {"NPROC": "2", "MAX_RESTARTS": "1", "RUN": "crash", "CKPT_INTERVAL": "4",
+                 "ENTRY": "tests.recipes.crashing_train", "CRASH_AT_STEP": "7"}
+    p = subprocess.run(["bash", str(REPO / "launch/local.sh"), *TINY, f"out_dir={tmp_path}", "logger.mode=offline"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     run = tmp_path / "crash"
     assert "Connection refused" not in p.stderr, p.stderr

@@ -9,14 +9,15 @@ import torch
 from minidist import runtime
 from minidist.train import compose_config, train
 from minidist.train.metrics import read_metrics
+from tests.faults import stop_after
 
 STRATEGIES = ["ddp", "zero1", "shard_grad_op", "full_shard", "no_shard", "hybrid_shard"]
 TINY = ["experiment=gpt_tiny", "trainer.steps=16", "trainer.eval_interval=0", "trainer.log_interval=4",
         "data.max_bytes=200000"]
 
 
-def _run(overrides: list[str]) -> dict:
-    return train(compose_config(overrides), runtime.init("gloo"))
+def _run(overrides: list[str], callbacks=()) -> dict:
+    return train(compose_config(overrides), runtime.init("gloo"), callbacks)
 
 
 def _train_losses(run_dir: str) -> list[float]:
@@ -52,7 +53,7 @@ def _resume(out: str, strategies: list[str]) -> dict:
         base = TINY + [f"strategy={s}", f"out_dir={out}", "trainer.steps=10", "trainer.grad_accum=2",
                        "trainer.keep_last=1", "trainer.ckpt_interval=2"]
         whole = _run(base + [f"name={s}-whole"])
-        first = _run(base + [f"name={s}-cut", "trainer.stop_after=5"])
+        first = _run(base + [f"name={s}-cut"], [stop_after(5)])
         rest = _run(base + [f"name={s}-cut", "resume=auto"])
         if runtime.init("gloo").is_main:
             assert first["stopped"] and first["step"] == 5
