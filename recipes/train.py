@@ -30,11 +30,14 @@ def main(argv: list[str] | None = None, callbacks=()) -> None:
     if print_only:
         print(to_yaml(cfg), end="")
         return
+    from minidist.train.preemption import EXIT_PREEMPTED
     from minidist.train.trainer import train
 
     try:
         with runtime.distributed(cfg.backend.value, cfg.timeout_s) as topo:
-            train(cfg, topo, callbacks)
+            result = train(cfg, topo, callbacks)
+        if result.get("preempted"):
+            runtime.exit_process(EXIT_PREEMPTED)
     except KeyboardInterrupt:
         runtime.exit_on_error(KeyboardInterrupt("interrupted"))
     except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
