@@ -93,3 +93,33 @@ def test_checkpoint_of_two_processes_resumes_at_one(run_dist, tmp_path, strategy
     resumed = run_dist(1, _at_one, str(tmp_path), strategy, timeout=180)[0]
     for k in whole:
         torch.testing.assert_close(resumed[k], whole[k], atol=1e-5, rtol=0, msg=k)
+
+
+def _sigterm_on_rank1_after(step: int):
+    def callback(run, done: int) -> None:
+        if done == step and run.topo.rank == 1:
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler would, to one process only
+    return callback
+
+
+def _preempt(out: str) -> dict:
+    base = TINY + [f"out_dir={out}", "strategy=ddp", "trainer.steps=8"]
+    topo = runtime.init("gloo")
+    whole = train(compose_config(base + ["name=whole"]), topo)
+    first = train(compose_config(base + ["name=cut"]), topo, [_sigterm_on_rank1_after(3)])
+    marker = (Path(out) / "cut" / "PREEMPTED").read_text() if topo.rank == 0 else None
+    rest = train(compose_config(base + ["name=cut", "resume=auto"]), topo)
+    diff = max((whole["model_state"][k] - rest["model_state"][k]).abs().max().item()
+               for k in whole["model_state"]) if topo.rank == 0 else None
+    return {"first": first, "marker": marker, "diff": diff,
+            "marker_after_resume": (Path(out) / "cut" / "PREEMPTED").exists()}
+
+
+def test_sigterm_on_one_rank_stops_every_rank_after_the_same_step(run_dist, tmp_path):
+    got = run_dist(2, _preempt, str(tmp_path), timeout=180)
+    for g in got:  # the vote launched before step 4 carries rank 1's flag: both stop after step 4
+        assert g["first"]["preempted"] and g["first"]["step"] == 4, g["first"]
+    assert got[0]["marker"] == "4\n" and not got[0]["marker_after_resume"]
+    assert got[0]["diff"] == 0.0  # nothing lost: bitwise equal to the uninterrupted run

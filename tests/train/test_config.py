@@ -46,6 +46,10 @@ def test_experiments_compose():
     ("nme=x", ["unknown key 'nme'", "name"]),
     ("experiment=resnet_synthetic data=cifar10", ["unknown key 'data.train_samples'", "root", "download"]),
     ("model=gpt data=cifar10", ["model=gpt needs token data"]),
+    ("strategy=hybrid_shard strategy.shard_size=0", ["strategy.shard_size=0 must be >= 1"]),
+    ("strategy.bucket_cap_mb=-1", ["strategy.bucket_cap_mb=-1.0 must be > 0"]),
+    ("trainer.log_interval=0", ["trainer.log_interval=0 must be >= 1"]),
+    ("trainer.preempt_signals=[SIGTERM,SIGFOO]", ["unknown signal 'SIGFOO'", "SIGUSR1"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     with pytest.raises(ConfigError) as info:
