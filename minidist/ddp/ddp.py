@@ -123,19 +123,23 @@ class DDP(nn.Module):
         join.finish()  # not after an exception: that propagates from the yield
 
     def forward(self, *args, **kwargs):
-        grad = torch.is_grad_enabled()
+        grad_enabled = torch.is_grad_enabled()
         if self._join is None:
-            self._before_forward(grad, self.require_backward_grad_sync, source=0, divisor=None)
+            self._before_forward(grad_enabled, self.require_backward_grad_sync)
         else:
-            a = self._join.notify(grad_enabled=grad, sync_backward=self.require_backward_grad_sync)
-            self._before_forward(grad, self.require_backward_grad_sync, source=a.source,
+            a = self._join.notify(grad_enabled=grad_enabled, require_backward_grad_sync=self.require_backward_grad_sync)
+            self._before_forward(grad_enabled, self.require_backward_grad_sync, source=a.source,
                                  divisor=self._join.divisor(a))
         return self.module(*args, **kwargs)
 
-    def _before_forward(self, grad_enabled: bool, sync_backward: bool, *, source: int, divisor: int | None) -> None:
-        """The collectives before a forward, the same on every rank: the bucket rebuild, the buffers."""
+    def _before_forward(self, grad_enabled: bool, require_backward_grad_sync: bool, *, source: int = 0,
+                        divisor: int | None = None) -> None:
+        """The collectives before a forward, the same on every rank: the bucket rebuild, the buffers.
+
+        `source` (the rank whose state is taken) and `divisor` differ from the defaults only under join().
+        """
         if grad_enabled:
-            self.reducer.prepare_for_forward(sync_backward, source=source, divisor=divisor)
+            self.reducer.prepare_for_forward(require_backward_grad_sync, source=source, divisor=divisor)
         if self.broadcast_buffers and self._buffers_to_sync:
             self._broadcast(self._buffers_to_sync, source)
 
@@ -145,12 +149,13 @@ class DDP(nn.Module):
 
     def join_main_hook(self, agreement: Agreement) -> None:
         """One iteration of the active ranks, shadowed: their forward's collectives, then zero gradients."""
-        self._before_forward(agreement.grad_enabled, agreement.sync_backward, source=agreement.source,
-                             divisor=None)
-        if agreement.grad_enabled and agreement.sync_backward:
+        self._before_forward(agreement.grad_enabled, agreement.require_backward_grad_sync,
+                             source=agreement.source)
+        if agreement.grad_enabled and agreement.require_backward_grad_sync:
             self.reducer.shadow_backward()
 
     def join_post_hook(self, source: int) -> None:
+        """Every rank has joined: all take `source`'s parameters and buffers (it stepped last)."""
         self._broadcast([p.detach() for p in self.module.parameters()] + self._buffers_to_sync, source)
 
     def _broadcast(self, tensors: list[torch.Tensor], source: int = 0) -> None:

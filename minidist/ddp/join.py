@@ -65,7 +65,7 @@ class Agreement:
     """Group ranks that still have an input this iteration."""
     grad_enabled: bool
     """Their forward runs with grad enabled (a bucket rebuild may be due)."""
-    sync_backward: bool
+    require_backward_grad_sync: bool
     """And a synced backward follows (require_backward_grad_sync, not no_sync)."""
 
     @property
@@ -79,7 +79,7 @@ class Agreement:
 
 
 def agree(group: dist.ProcessGroup | None, device: torch.device, *, grad_enabled: bool | None,
-          sync_backward: bool = False) -> Agreement:
+          require_backward_grad_sync: bool = False) -> Agreement:
     """One all_reduce of N + 2 int32: who is active, and what their iteration will do.
 
     A joined rank passes grad_enabled=None and contributes zeros.
@@ -89,7 +89,7 @@ def agree(group: dist.ProcessGroup | None, device: torch.device, *, grad_enabled
     if grad_enabled is not None:
         t[dist.get_rank(group)] = 1
         t[world] = int(grad_enabled)
-        t[world + 1] = int(grad_enabled and sync_backward)
+        t[world + 1] = int(grad_enabled and require_backward_grad_sync)
     t = t.to(device)  # NCCL only moves device tensors
     comm.all_reduce(t, comm.ReduceOp.SUM, group=group)
     v = t.tolist()
@@ -119,9 +119,9 @@ class Join:
         self.last_source: int | None = None
         """Lowest active rank of the latest iteration that had one: the final state's owner."""
 
-    def notify(self, *, grad_enabled: bool, sync_backward: bool) -> Agreement:
+    def notify(self, *, grad_enabled: bool, require_backward_grad_sync: bool) -> Agreement:
         """An active rank's forward: take part in this iteration's agreement."""
-        return self._agree(grad_enabled=grad_enabled, sync_backward=sync_backward)
+        return self._agree(grad_enabled=grad_enabled, require_backward_grad_sync=require_backward_grad_sync)
 
     def divisor(self, agreement: Agreement) -> int | None:
         """What the coming average divides by: None for the group size N, else the active count."""

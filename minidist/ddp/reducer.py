@@ -162,15 +162,15 @@ class Reducer:
 
     def prepare_for_forward(self, require_backward_grad_sync: bool, *, source: int = 0,
                             divisor: int | None = None) -> None:
-        """Called by DDP.forward (grad enabled): rebuild buckets once, arm or disarm the next backward.
+        """Called by DDP before a forward with grad enabled: rebuild buckets once, arm or disarm the backward.
 
         `source`: the group rank whose recorded order the rebuild uses; `divisor`: the
-        ranks the coming average divides by (None: all N). Both differ from the
-        defaults only under DDP.join.
+        number of ranks the coming average divides by (None: all N). Both differ
+        from the defaults only under DDP.join.
         """
-        if self.state is ReducerState.REDUCING:
-            raise RuntimeError("DDP: forward called while a backward is still reducing (the previous backward "
-                               "raised before it finished?); run a complete backward first")
+        if self.state is ReducerState.REDUCING:  # the last backward raised before its end: forget it
+            self._abandon()
+            self._reset_iteration()
         if self.num_rebuilds == 0 and self._order_done:
             order = torch.tensor(self._ready_order or [0] * len(self.params), dtype=torch.int64)
             order = order.to(self.device)  # NCCL only moves device tensors
@@ -258,10 +258,13 @@ class Reducer:
             self._abandon()  # wait out launched work, so the next iteration starts clean
             raise
         finally:
-            self._ready = [False] * len(self.params)
-            self._used = [False] * len(self.params)
-            self._next_launch = 0
-            self.state = ReducerState.ARMED  # until the next forward decides otherwise
+            self._reset_iteration()
+
+    def _reset_iteration(self) -> None:
+        self._ready = [False] * len(self.params)
+        self._used = [False] * len(self.params)
+        self._next_launch = 0
+        self.state = ReducerState.ARMED  # until the next forward decides otherwise
 
     def shadow_backward(self) -> None:
         """A joined rank's half of an armed backward (DDP.join): every collective, with zeros.
