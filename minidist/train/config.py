@@ -74,7 +74,7 @@ class DDPStrategy:
     """Gradient MiB per all_reduce bucket: bigger = fewer, later collectives. null = torch's
     default: 25 MiB buckets after a 1 MiB first one (so the first all_reduce starts early)."""
     find_unused_parameters: bool = False
-    """Tolerate parameters that get no gradient in a step (costs a graph walk per step)."""
+    """Tolerate parameters that get no gradient in a step (one small all_reduce of a used-bitmap per step)."""
     gradient_as_bucket_view: bool = False
     """Let .grad alias the bucket buffer (saves one gradient-sized copy)."""
     broadcast_buffers: bool = True

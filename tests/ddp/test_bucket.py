@@ -54,7 +54,7 @@ def test_lifecycle_asserts_order():
 
 
 def test_small_first_bucket_only_by_default():
-    from minidist.ddp.reducer import ReducerPolicy
+    from minidist.ddp.bucket import ReducerPolicy
     default, explicit = ReducerPolicy(), ReducerPolicy(bucket_cap_mb=5)
     assert (default.first_bucket_bytes, default.bucket_cap_bytes) == (MiB, 25 * MiB), "torch's defaults"
     assert explicit.first_bucket_bytes == explicit.bucket_cap_bytes == 5 * MiB, "an explicit cap caps every bucket"
