@@ -57,6 +57,11 @@ class ReducerPolicy:
     gradient_as_bucket_view: bool = False
     """p.grad becomes a view into its bucket: one gradient-sized buffer and one copy fewer."""
 
+    def __post_init__(self):
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise ValueError(f"DDP: bucket_cap_mb={self.bucket_cap_mb} must be > 0, or None for torch's default "
+                             f"(25 MiB buckets after a 1 MiB first one)")
+
     @property
     def bucket_cap_bytes(self) -> int:
         return max(1, int((DEFAULT_BUCKET_CAP_MB if self.bucket_cap_mb is None else self.bucket_cap_mb) * MiB))
