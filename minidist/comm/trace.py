@@ -31,7 +31,7 @@ waited_s (time the caller was blocked in wait() on the handle). From them:
              (a synchronous call: its whole span)
     wire     completed - max(issued, completion of the previous collective of its group):
              an estimate of the time on the wire, the one the cost model predicts (see
-             Trace.wire_times); for a collective that overlapped nothing, its span
+             Trace.wire_times); for a collective issued on an idle group, its span
 
 A caller that waits on get_future() instead of wait() is not seen waiting (waited 0);
 span and wire do not depend on it.
@@ -43,6 +43,7 @@ a module-level list (see benchmarks/trace_overhead.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -76,7 +77,7 @@ def ring_bytes_sent(op: str, payload: int, world: int, *, is_root: bool = False)
     raise ValueError(f"unknown collective {op!r}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """One collective call as seen by this rank."""
 
@@ -265,12 +266,13 @@ def record(op: str, tensor: torch.Tensor | None, payload_numel: int, group, work
     try:
         future = work.get_future()
     except RuntimeError:  # gloo's async reduce_scatter has no future: time it at wait()
-        return TimedWork(work, rec)
+        return TimedWork(work, rec, has_future=False)
+    future.add_done_callback(functools.partial(_completed, rec))  # holds the record, not the work
+    return TimedWork(work, rec, has_future=True)
 
-    def _done(_fut, rec=rec):
-        rec.completed_s = time.perf_counter()
-    future.add_done_callback(_done)
-    return TimedWork(work, rec)
+
+def _completed(rec: Record, _future) -> None:
+    rec.completed_s = time.perf_counter()
 
 
 class TimedWork:
@@ -281,18 +283,18 @@ class TimedWork:
     bound, the best a future-less handle allows). Everything else passes through.
     """
 
-    __slots__ = ("_work", "_rec")
+    __slots__ = ("_work", "_rec", "_has_future")
 
-    def __init__(self, work, rec: Record):
-        self._work, self._rec = work, rec
+    def __init__(self, work, rec: Record, has_future: bool = False):
+        self._work, self._rec, self._has_future = work, rec, has_future
 
     def wait(self, *args, **kwargs):
         entered = time.perf_counter()
-        finished_before = self._rec.completed_s is None and self._work.is_completed()
+        finished_before = not self._has_future and self._work.is_completed()
         done = self._work.wait(*args, **kwargs)
         returned = time.perf_counter()
         self._rec.waited_s += returned - entered
-        if self._rec.completed_s is None:
+        if self._rec.completed_s is None:  # no future, or its callback is still to run
             self._rec.completed_s = entered if finished_before else returned
         return done
 

@@ -28,7 +28,7 @@ def _reduce_scatter(inp, k, algorithm, async_op, op=ReduceOp.SUM, group=None):
 def _ring_equals_native():
     n, rank = dist.get_world_size(), dist.get_rank()
     for dtype in (torch.float32, torch.bfloat16):
-        for k in (1, 5, 1000):  # N * k elements, k odd or one: nothing to divide evenly
+        for k in (1, 999):  # N * k elements, k odd or one: nothing divides evenly
             exact, noisy = _inputs(n, k, dtype, rank)
             for async_op in (False, True):
                 want = _reduce_scatter(exact, k, "native", async_op)
