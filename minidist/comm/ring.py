@@ -130,6 +130,8 @@ def _run_now(run: Callable[[], None], output: torch.Tensor, async_op: bool):
 def _ring(output: torch.Tensor, input: torch.Tensor, op, group: Group) -> None:
     """The N-1 steps of the module docstring, on the calling thread."""
     n, k = dist.get_world_size(group), output.numel()
+    if k == 0:
+        return
     chunks = input.reshape(-1).split(k)
     aliased = output.untyped_storage().data_ptr() == input.untyped_storage().data_ptr()
     in_place = output.is_contiguous() and not aliased  # else the last step lands in a scratch chunk
