@@ -26,8 +26,10 @@ Per training step, one parameter goes (collectives = minidist.fsdp.collectives):
                    order, because backward visits layers last-to-first
     post_backward  (every trainable unsharded param's gradient is accumulated: counted
                    with post-accumulate-grad hooks, which fire once per backward even for
-                   a unit called twice or recomputed) collectives.start_reduction of the
-                   flat gradient -> a GradReduction in flight; reshard
+                   a unit called twice or recomputed) finish the previous unit's
+                   reduce_scatter (last_reduction.advance()), then
+                   collectives.start_reduction of the flat gradient -> a GradReduction
+                   in flight (reduce_scatter; replica all_reduce; divide); reshard
     finish_backward  (end of backward, an autograd-engine callback) reduction.wait()
                    -> the averaged gradient shard, handed to the sharded params
 
@@ -202,7 +204,9 @@ class FSDPUnit:
 
     # -- backward hooks -------------------------------------------------------------------------
     def _pre_backward(self, *unused: Any) -> None:
-        assert self.training_state is not TrainingState.FORWARD, f"pre_backward of {self} in FORWARD"
+        if self.training_state is TrainingState.FORWARD:
+            raise RuntimeError(f"a backward reached {self} while its forward runs (autograd.grad inside its "
+                               f"forward?); finish the forward first")
         if not self.schedule.end_of_backward_queued:
             self.schedule.end_of_backward_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(lambda: finish_backward(self.schedule))
