@@ -150,6 +150,12 @@ class FSDP(nn.Module):
     Parameters keep their names under `.module` (fsdp.module.named_parameters() gives the
     plain module's names); their values are this rank's 1-D shards, which the optimizer
     updates. Wrap before building the optimizer; do not move the module afterwards.
+
+    Public layout: `units` (each unit's `flat` layout and states), `mesh_info` (groups and
+    this rank's place in them), `shard_group`. `require_backward_grad_sync` (torch DDP's
+    name) is False inside no_sync(). Activation checkpointing (non-reentrant
+    torch.utils.checkpoint) may sit inside a unit, around a unit's call or around several
+    units: see minidist.fsdp.unit.
     """
 
     def __init__(self, module: nn.Module, *, mesh: DeviceMesh | None = None,
