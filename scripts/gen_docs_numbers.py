@@ -48,14 +48,23 @@ def conditions() -> str:
             f"when it started (other work on a shared machine makes times noisy; bytes are exact).")
 
 
-def run(command: str, timeout: int) -> str:
-    """Run `command` with the venv's executables first on PATH; return stdout (raise on failure)."""
+def run(command: str, timeout: int, attempts: int = 3) -> str:
+    """Run `command` with the venv's executables first on PATH; return stdout (raise on failure).
+
+    A worker that has finished can still abort in interpreter teardown under torchrun with
+    gloo (see minidist.runtime.exit_process), which fails a complete run: such runs are retried.
+    """
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    p = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise SystemExit(f"`{command}` failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    return p.stdout
+    for attempt in range(1, attempts + 1):
+        p = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        if p.returncode == 0:
+            return p.stdout
+        if "terminate called without an active exception" not in p.stderr or attempt == attempts:
+            raise SystemExit(f"`{command}` failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+        print(f"  a worker aborted in teardown; running it again ({attempt + 1}/{attempts})")
+    raise AssertionError("unreachable")
 
 
 def snippet(command: str, output: str, cond: str) -> str:

@@ -76,19 +76,6 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median seconds of fn() over `repeats` calls after `warmup`, each started together (barrier)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return max_over_ranks(statistics.median(times))
-
-
 def interleaved_times(fns: dict, repeats: int, warmup: int = 1,
                       stat: Callable[[list[float]], float] = statistics.median) -> dict:
     """Seconds of each fn (median of `repeats`, or `stat`), run in alternating order so that machine

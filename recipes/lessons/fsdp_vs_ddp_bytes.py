@@ -83,6 +83,8 @@ def run(ctx: Context) -> None:
             f"step, in units of S (N-1)/N = {unit / 2**20:.2f} MiB (minidist.comm.trace)")
     ctx.table(["engine", "fwd all_gather", "bwd all_gather", "bwd reduce_scatter", "bwd all_reduce",
                "step broadcast", "total", "/ DDP"], rows)
+    ctx.say("(ZeRO-1's broadcasts count their payload for every rank, the trace's pipelined-chain model; on the "
+            "wire each rank receives the S (N-1)/N it does not own)")
     ratio = total["full_shard"] / total["DDP"]
     extra = (total["full_shard"] - total["DDP"]) / total["DDP"]
     ctx.claim(f"full_shard sends {ratio:.3f}x DDP's bytes; the extra {extra:.3f}x is the backward all_gather "

@@ -12,6 +12,7 @@ a `::: module` reference that no longer resolves.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shutil
 import subprocess
@@ -127,6 +128,7 @@ def test_site_builds_strictly(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
     if mkdocs is None:
         pytest.skip("mkdocs is not installed in this environment (pip install -e '.[docs]')")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")   # mkdocs-material's end-of-life banner
     out = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
