@@ -215,6 +215,7 @@ class _Lane:
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
             job()
+            del job  # the ring's tensors: the caller frees them when it drops them, not when the next ring comes
             with _LANES_LOCK:
                 self._pending -= 1
 

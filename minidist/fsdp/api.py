@@ -35,7 +35,7 @@ from minidist import comm
 from minidist.fsdp import state_dict as _sd
 from minidist.fsdp.collectives import MeshInfo
 from minidist.fsdp.param import FlatParamShard, ParamInfo
-from minidist.fsdp.schedule import Schedule
+from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS, Schedule
 from minidist.fsdp.unit import FSDPUnit, UnitPolicy
 from minidist.mesh import group_of
 
@@ -144,7 +144,7 @@ class FSDP(nn.Module):
     wrap: module classes, or a predicate on a module, choosing the units; the parameters
         no unit claims form the root unit.
     forward_prefetch / backward_prefetch / max_inflight_all_gathers: how far ahead the next
-        units' all_gathers are issued (see minidist.fsdp.schedule).
+        units' all_gathers are issued (see minidist.fsdp.schedule; one unit by default, as FSDP2).
     param_dtype / reduce_dtype (or mp_policy): mixed precision, see MixedPrecisionPolicy.
 
     Parameters keep their names under `.module` (fsdp.module.named_parameters() gives the
@@ -161,7 +161,7 @@ class FSDP(nn.Module):
     def __init__(self, module: nn.Module, *, mesh: DeviceMesh | None = None,
                  process_group: dist.ProcessGroup | None = None, wrap: WrapPolicy = None,
                  sharding_strategy: str | ShardingStrategy = "full_shard", forward_prefetch: bool = True,
-                 backward_prefetch: bool = True, max_inflight_all_gathers: int = 2,
+                 backward_prefetch: bool = True, max_inflight_all_gathers: int = DEFAULT_MAX_INFLIGHT_ALL_GATHERS,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                  mp_policy: MixedPrecisionPolicy | None = None):
         super().__init__()
@@ -191,6 +191,7 @@ class FSDP(nn.Module):
             cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
             args = tuple(cast(a) for a in args)
             kwargs = {k: cast(v) for k, v in kwargs.items()}
+        self._schedule.begin_forward()
         out = self.module(*args, **kwargs)
         self._schedule.end_forward()
         if not torch.is_grad_enabled():  # no backward will come to free what forward kept

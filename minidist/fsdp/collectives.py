@@ -137,6 +137,15 @@ class GradReduction:
         self._work = self._input = None  # the padded full gradient: S_unit bytes, free it now
         self._start_all_reduce()
 
+    def poll(self) -> None:
+        """advance() if the reduce_scatter has already landed; never blocks.
+
+        Called as the next unit's gradients accumulate: the S_unit input goes as soon as
+        it can, rather than at the next post_backward, which lowers the backward's peak.
+        """
+        if self.stage is ReductionStage.REDUCE_SCATTER and self._work.is_completed():
+            self.advance()
+
     def wait(self) -> torch.Tensor:
         """The averaged gradient shard, (shard_size,) in out_dtype. Call once."""
         self.advance()

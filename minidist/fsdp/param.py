@@ -158,11 +158,14 @@ class FlatParamShard:
 
         The unsharded .grad tensors are dropped: after this call the flat copy is the only one.
         """
-        flat = torch.zeros(self.padded, dtype=dtype, device=self.device)
+        flat = torch.empty(self.padded, dtype=dtype, device=self.device)  # written once: no zero-fill pass
         for p, off, n in zip(self.unsharded_params, self.offsets, self.numels):
             if p.grad is not None:
                 flat[off:off + n].copy_(p.grad.reshape(-1))
                 p.grad = None
+            else:
+                flat[off:off + n].zero_()
+        flat[self.total:].zero_()
         return flat
 
     def accumulate_sharded_grad(self, shard_grad: torch.Tensor) -> None:

@@ -11,7 +11,14 @@ communication hides behind compute.
 
 Prefetch caps memory: at most `max_inflight` units are gathered ahead of use, so
 peak parameter memory is (units in use + max_inflight) unsharded units plus 1/N of
-everything else.
+everything else. The default, DEFAULT_MAX_INFLIGHT_ALL_GATHERS = 1, is FSDP2's: one
+unit ahead hides a unit's all_gather whenever a unit computes at least as long as it
+gathers, and a second adds S_unit to the peak (measured: 1.03-1.09x FSDP2's peak with
+2, 1.00x with 1; benchmarks/fsdp_vs_torch.py --mode memory).
+
+End of forward. The post_forward that ends the forward pass (counted on the first
+forward: the same number of post_forwards ends every later one) belongs to the unit
+backward needs first: ends_forward() tells it to stay gathered.
 
 Reductions. `last_reduction` is the most recent unit's gradient reduction; the
 next unit finishes its reduce_scatter before starting its own (the memory bound
@@ -26,6 +33,9 @@ from minidist.fsdp.collectives import GradReduction
 
 U = TypeVar("U")
 
+DEFAULT_MAX_INFLIGHT_ALL_GATHERS = 1
+"""Units gathered ahead of use by default (FSDP(max_inflight_all_gathers=), the recipes' strategy)."""
+
 
 class Schedule(Generic[U]):
     """The order of one model's units, its prefetch queue, and per-backward flags."""
@@ -36,6 +46,8 @@ class Schedule(Generic[U]):
         self.max_inflight = max_inflight
         self.forward_order: list[U] = []          # first pre_forward of each unit, first step
         self.post_forward_order: list[U] = []     # reversed: the order backward meets them
+        self.post_forwards = 0                    # post_forwards so far in this forward pass
+        self.post_forwards_per_pass: int | None = None  # counted on the first forward
         self.recording = True                     # until the first root forward returns
         self.prefetched: list[U] = []             # gathering or gathered ahead of use
         self.require_backward_grad_sync = True    # False inside FSDP.no_sync()
@@ -52,9 +64,20 @@ class Schedule(Generic[U]):
     def record_post_forward(self, unit: U) -> None:
         if self.recording and unit not in self.post_forward_order:
             self.post_forward_order.append(unit)
+        self.post_forwards += 1
+
+    def ends_forward(self) -> bool:
+        """The post_forward being recorded is the last of the forward pass (known from the second pass on)."""
+        return self.post_forwards == self.post_forwards_per_pass
+
+    def begin_forward(self) -> None:
+        """The root forward starts: count its post_forwards from zero (even after one that raised)."""
+        self.post_forwards = 0
 
     def end_forward(self) -> None:
         """The root forward returned: the order is known from now on."""
+        if self.recording:
+            self.post_forwards_per_pass = self.post_forwards
         self.recording = False
 
     # -- prefetch -------------------------------------------------------------------------------

@@ -19,17 +19,25 @@ Per training step, one parameter goes (collectives = minidist.fsdp.collectives):
     post_forward   full_shard: reshard (install the shards, free `full`). Why: activations
                    are what must stay until backward; keeping every layer's parameters
                    too would make peak memory the full model again. The price is a
-                   second all_gather in backward. Register pre_backward on the outputs'
-                   gradients.
+                   second all_gather in backward. Except the unit whose post_forward
+                   ends the forward pass (schedule.ends_forward; the root, for a GPT):
+                   backward needs it first, so it stays gathered (FSDP2 keeps its
+                   root's the same way): one all_gather less per step, no higher peak
+                   (backward would re-gather it before anything else). Register
+                   pre_backward on the outputs' gradients.
     pre_backward   (the gradient of an output arrives) unshard again where it was freed;
                    prefetch the unit backward reaches next: the reverse of the forward
                    order, because backward visits layers last-to-first
     post_backward  (every trainable unsharded param's gradient is accumulated: counted
                    with post-accumulate-grad hooks, which fire once per backward even for
-                   a unit called twice or recomputed) finish the previous unit's
-                   reduce_scatter (last_reduction.advance()), then
+                   a unit called twice or recomputed) reshard first, then finish the
+                   previous unit's reduce_scatter (last_reduction.advance()), then
                    collectives.start_reduction of the flat gradient -> a GradReduction
-                   in flight (reduce_scatter; replica all_reduce; divide); reshard
+                   in flight (reduce_scatter; replica all_reduce; divide). The order
+                   is the memory peak's: `full` and the previous reduce_scatter's input
+                   (S_unit each) are freed before the flat gradient (S_unit) exists.
+                   Each gradient accumulated polls the previous reduction (never
+                   blocking), so its input is freed as soon as it has landed.
     finish_backward  (end of backward, an autograd-engine callback) reduction.wait()
                    -> the averaged gradient shard, handed to the sharded params
 
@@ -193,7 +201,7 @@ class FSDPUnit:
             return output
         assert self.training_state is TrainingState.FORWARD, f"post_forward of {self} in {self.training_state}"
         self.schedule.record_post_forward(self)
-        if self.policy.reshard_after_forward:
+        if self.policy.reshard_after_forward and not self.schedule.ends_forward():
             self.reshard()
         if torch.is_grad_enabled():
             outs = [t for t in _flatten_tensors(output) if t.requires_grad]
@@ -216,6 +224,8 @@ class FSDPUnit:
         self._prefetch(backward=True)
 
     def _on_grad_accumulated(self, param: torch.Tensor) -> None:
+        if self.schedule.last_reduction is not None:  # free its input as soon as it landed (never blocks)
+            self.schedule.last_reduction.poll()
         self._grads_ready += 1
         if self._grads_ready == len(self._trainable):
             self._post_backward()
@@ -227,9 +237,9 @@ class FSDPUnit:
                 f"gradients of {self} were computed outside its backward ({self.training_state.name}): its params "
                 f"must be used inside its forward, and activation checkpointing needs use_reentrant=False")
         self.training_state = TrainingState.POST_BACKWARD
-        if self.schedule.require_backward_grad_sync:
+        self.reshard()  # first: the gradients are tensors of their own, and `full` (S_unit) goes before
+        if self.schedule.require_backward_grad_sync:  # the flat gradient (S_unit) is allocated
             self._start_reduction()
-        self.reshard()
 
     def _start_reduction(self) -> None:
         """Hand the flat gradient to a new GradReduction, after the previous unit's reduce_scatter.

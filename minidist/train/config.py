@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import MISSING
 
+from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS
 from minidist.models.gpt import GPTConfig
 from minidist.runtime import BACKENDS
 
@@ -103,8 +104,8 @@ class FSDPStrategy:
     """Issue the next unit's all_gather before this unit's forward finishes."""
     backward_prefetch: bool = True
     """Issue the previous unit's all_gather before this unit's backward finishes."""
-    max_inflight_all_gathers: int = 2
-    """All-gathered units allowed in memory at once (bounds memory when compute is slow)."""
+    max_inflight_all_gathers: int = DEFAULT_MAX_INFLIGHT_ALL_GATHERS
+    """Units all-gathered ahead of use (minidist.fsdp's default: one, as FSDP2)."""
     param_dtype: Optional[DType] = None
     """Dtype parameters are all-gathered and computed in (null = their own)."""
     reduce_dtype: Optional[DType] = None

@@ -63,3 +63,29 @@ def test_inflight_all_gathers_bounded(run_dist):
         for k in (0, 1, 2):
             assert peaks[(True, True, k)] == 1 + k, peaks  # bound reached, never exceeded
         assert peaks[(True, False, 2)] == 3 and peaks[(False, True, 2)] == 3, peaks
+
+
+def body_last_unit_kept() -> dict:
+    torch.manual_seed(0)
+    model = FSDP(MLP(depth=3), wrap={nn.Linear})
+    x = torch.randn(4, 13)
+    out = {}
+    for step in ("first", "second"):
+        loss = model(x).sum()
+        out[step, "after forward"] = [u.flat.is_allocated for u in model.units[1:]]
+        loss.backward()
+        out[step, "after backward"] = [u.flat.is_allocated for u in model.units[1:]]
+    with torch.no_grad():
+        model(x)
+    out["no_grad forward"] = [u.flat.is_allocated for u in model.units[1:]]
+    return out
+
+
+def test_the_unit_that_ends_forward_stays_gathered_for_backward(run_dist):
+    for out in run_dist(2, body_last_unit_kept):
+        # the first forward only counts its post_forwards; from the second on, the last unit
+        # (backward's first) keeps its params; backward frees it; a no_grad forward keeps nothing
+        assert out["first", "after forward"] == [False, False, False], out
+        assert out["second", "after forward"] == [False, False, True], out
+        assert out["first", "after backward"] == out["second", "after backward"] == [False] * 3, out
+        assert out["no_grad forward"] == [False] * 3, out
