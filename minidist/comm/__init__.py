@@ -4,6 +4,8 @@
     comm.all_reduce(t)                       # stateless, delegates to torch.distributed
     with comm.trace() as tr: ...             # what was sent, how many bytes, how long
     model = comm.calibrate(); model.predict("all_reduce", S, N)
+    comm.set_debug(True)                     # ranks agree on every collective first (fingerprint.py)
+    comm.flight_recorder.install_dump_handlers(run_dir)   # name a hang: flight_recorder.py
 """
 
 from torch.distributed import ReduceOp
@@ -21,11 +23,14 @@ from minidist.comm.collectives import (
     reduce_scatter,
     scatter,
 )
+from minidist.comm import flight_recorder
 from minidist.comm.cost import CostModel, calibrate
+from minidist.comm.fingerprint import CollectiveMismatchError, set_debug
+from minidist.comm.flight_recorder import CollectiveTimeoutError
 from minidist.comm.trace import Record, Trace, ring_bytes_sent, trace
 
 __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_to_all", "barrier", "broadcast",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
-    "ring_bytes_sent", "trace",
+    "ring_bytes_sent", "trace", "flight_recorder", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",
 ]

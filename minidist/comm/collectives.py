@@ -28,7 +28,9 @@ silently different answer:
     input, then keep this rank's chunk. Same result, twice the wire traffic.
 PREMUL_SUM is not offered: it exists on NCCL only; scale, then SUM.
 
-Each call is recorded by every active minidist.comm.trace().
+Each call is recorded by every active minidist.comm.trace() and by the flight
+recorder (flight_recorder.py); with MINIDIST_DEBUG_COLLECTIVES=1 the ranks first
+check that they agree on it (fingerprint.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from minidist.comm import fingerprint as _fingerprint
+from minidist.comm import flight_recorder as _flight
 from minidist.comm import trace as _trace
 
 Group = dist.ProcessGroup | None
@@ -112,11 +116,19 @@ def _check_op(op) -> None:
 
 def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call: Callable,
            is_root: bool = False):
-    """Run one collective; if a trace is active, record it with its issue time."""
+    """Run one collective: flight-record it, check its fingerprint (debug), record it in active traces."""
+    entry = _flight.issue(op, tensor, numel, group)
+    try:
+        if _fingerprint.ENABLED:
+            _fingerprint.check(op, tensor, numel, group, entry.group.ranks, entry.seq, _flight.format_site(entry.site))
+        issued = time.perf_counter()
+        work = _flight.issued(entry, call())
+    except RuntimeError as e:
+        _flight.on_failure(entry, e)  # a timeout is re-raised naming the collective and the missing ranks
+        raise
     if not _trace._ACTIVE:
-        return call()
-    issued = time.perf_counter()
-    return _trace.record(op, tensor, numel, group, call(), issued, is_root=is_root)
+        return work
+    return _trace.record(op, tensor, numel, group, work, issued, is_root=is_root)
 
 
 def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], object], async_op: bool):

@@ -1,0 +1,58 @@
+"""One rank of a two-rank gloo world in which rank 1 skips collectives (test-only fault injection).
+
+    python -m tests.comm.hang_worker RANK STORE_FILE RUN_DIR
+
+Both ranks create a second group and issue all_reduce #1 and broadcast #2 on
+the world; then rank 1 sleeps (the test kills it) while rank 0, with a 3 s
+timeout on both groups:
+  1. issues all_reduce #3 on the world, blocking; it sends itself SIGUSR1 1 s
+     in, while its main thread is inside gloo; the timeout is caught and its
+     message printed as the recipes would print it;
+  2. issues all_reduce #1 on the second group, async, and waits on it; the
+     timeout reaches runtime.exit_on_error, as in the recipes.
+Each stage prints "entering <stage> at <time>" to stdout.
+"""
+
+import datetime
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from minidist import comm, runtime
+
+TIMEOUT_S = 3
+
+
+def main() -> None:
+    rank, store_file, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2, timeout=timeout)
+    other = dist.new_group([0, 1], timeout=timeout)
+    comm.flight_recorder.install_dump_handlers(run_dir)
+    x = torch.ones(4)
+    try:
+        comm.all_reduce(x)
+        comm.broadcast(x, src=0)
+        if rank == 1:
+            time.sleep(60)  # never reaches all_reduce #3
+            return
+        print("entering sync at", time.time(), flush=True)
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        try:
+            comm.all_reduce(x)
+        except comm.CollectiveTimeoutError as exc:
+            print(f"{runtime.rank_prefix()}error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print("entering async at", time.time(), flush=True)
+        comm.all_reduce(x, group=other, async_op=True).wait()
+    except Exception as exc:  # noqa: BLE001 - what the recipes do
+        runtime.exit_on_error(exc)
+    runtime.exit_process(0)
+
+
+if __name__ == "__main__":
+    main()
