@@ -39,6 +39,9 @@ import torch
 import torch.distributed as dist
 
 
+# As in collectives.py (which imports this module): torch 2.14's name, else the older one.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def enabled_by_env(environ=os.environ) -> bool:
     """MINIDIST_DEBUG_COLLECTIVES set to anything but '' or '0'."""
@@ -87,7 +90,7 @@ def check(op: str, tensor: torch.Tensor | None, numel: int, group, ranks: tuple[
     digest = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=8).digest(), "little") >> 1
     dev = _device(tensor, group)
     hashes = torch.empty(world, dtype=torch.int64, device=dev)
-    dist.all_gather_into_tensor(hashes, torch.tensor([digest], dtype=torch.int64, device=dev), group=group)
+    _all_gather_single(hashes, torch.tensor([digest], dtype=torch.int64, device=dev), group=group)
     hashes = hashes.tolist()
     if all(h == hashes[0] for h in hashes):
         return

@@ -158,12 +158,12 @@ def format_site(site: tuple[str, int]) -> str:
 
 def _group(group) -> _Group:
     """The record of `group`; None and the default group share one (one counter per real group)."""
-    g = dist.group.WORLD if group is None else group
+    g = dist.distributed_c10d._get_default_group() if group is None else group  # raises torch's "not initialized"
     info = _GROUPS.get(g)
     if info is None:
         info = _GROUPS[g] = _Group(g)
         if len(info.ranks) > 1:  # someone to tell where this rank is
-            peer_progress.ensure_started(_progress_snapshot, _on_signal)
+            peer_progress.ensure_started(_progress_snapshot)
     if g is dist.group.WORLD:
         _GROUPS[None] = info
     return info
@@ -231,7 +231,7 @@ class _WaitRecorded:
 
 
 def _progress_snapshot() -> dict[str, int]:
-    return {g.key: g.last for g in list(_GROUPS.values()) if g.world is not None}
+    return {g.key: g.last for g in list(_GROUPS.values())}
 
 
 def oldest_unfinished() -> Entry | None:
@@ -256,12 +256,10 @@ def report(entry: Entry, reason: str) -> str:
     age = time.time() - entry.issued_at
     entry.reported = entry.reported or reason == "timeout"
     verb = "did not complete within" if reason == "timeout" else "in flight for"
-    path = dump(reason)
-    where = f"; flight record: {path}" if path else ""
-    return f"{entry.describe()} {verb} {age:.1f}s: {who}; issued at {format_site(entry.site)}{where}"
+    return f"{entry.describe()} {verb} {age:.1f}s: {who}; issued at {format_site(entry.site)}{_dumped(reason)}"
 
 
-def dump(reason: str, path: str | None = None) -> str | None:
+def dump(path: str | None = None, reason: str = "requested") -> str | None:
     """Write this rank's entries as JSON to `path` (default <run_dir>/flight_rank{r}.json); return the path."""
     if path is None:
         if _RUN_DIR is None:
@@ -279,16 +277,22 @@ def dump(reason: str, path: str | None = None) -> str | None:
     return path
 
 
+def _dumped(reason: str) -> str:
+    """Dump to the run directory, for an error path: '; flight record: PATH', or why not; never raises."""
+    try:
+        path = dump(reason=reason)
+    except OSError as exc:
+        return f"; flight record not written: {exc}"
+    return f"; flight record: {path}" if path else ""
+
+
 def on_error(exc: BaseException) -> BaseException:
     """For exit_on_error: dump; a backend timeout becomes CollectiveTimeoutError naming the stuck collective."""
     if isinstance(exc, CollectiveTimeoutError):  # reported and dumped where it was raised
         return exc
-    if not _is_timeout(exc):
-        dump(f"error: {type(exc).__name__}")
-        return exc
-    entry = oldest_unfinished()
+    entry = oldest_unfinished() if _is_timeout(exc) else None
     if entry is None:
-        dump(f"error: {type(exc).__name__}")
+        _dumped(f"error: {type(exc).__name__}")
         return exc
     return CollectiveTimeoutError(report(entry, "timeout"))
 
@@ -300,9 +304,7 @@ def _on_signal(signum: int) -> None:
     if entry is not None:
         line = report(entry, name)
     else:
-        last = _RING[-1].describe() if _RING else "none yet"
-        path = dump(name)
-        line = f"no collective in flight (last: {last})" + (f"; flight record: {path}" if path else "")
+        line = f"no collective in flight (last: {_RING[-1].describe() if _RING else 'none yet'}){_dumped(name)}"
     prefix = f"[rank {dist.get_rank()}/{dist.get_world_size()}] " if dist.is_initialized() else ""
     print(f"{prefix}flight recorder ({name}): {line}", file=sys.stderr, flush=True)
 
@@ -313,7 +315,7 @@ def install_dump_handlers(run_dir: str, signum: int = signal.SIGUSR1) -> None:
     _RUN_DIR = str(run_dir)
     os.makedirs(_RUN_DIR, exist_ok=True)
     peer_progress.watch_signal(signum, _on_signal)
-    peer_progress.ensure_started(_progress_snapshot, _on_signal)
+    peer_progress.ensure_started(_progress_snapshot)
 
 
 def set_enabled(on: bool, capacity: int = CAPACITY) -> None:

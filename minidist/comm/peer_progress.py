@@ -47,7 +47,7 @@ def _store():
     return dist.distributed_c10d._get_default_store()
 
 
-def ensure_started(snapshot: Callable[[], dict[str, int]], on_signal: Callable[[int], None]) -> None:
+def ensure_started(snapshot: Callable[[], dict[str, int]]) -> None:
     """Start the publishing/signal thread once per process (a daemon: it never delays exit)."""
     global _started
     if _started:

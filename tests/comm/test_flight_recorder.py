@@ -35,7 +35,7 @@ def _records(dump_path):
     last = fr.entries()[-3:]
     _wait_until(lambda: all(e.state is fr.State.COMPLETED for e in last))  # a future's callback may trail wait()
     rows = [e.to_json() for e in last]
-    path = fr.dump("test", f"{dump_path}.{rank}")
+    path = fr.dump(f"{dump_path}.{rank}")
     doc = json.loads(Path(path).read_text())
     seq = last[-1].seq
     key, ranks = last[-1].group.key, last[-1].group.ranks
