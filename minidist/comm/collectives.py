@@ -120,7 +120,7 @@ def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call:
     entry = _flight.issue(op, tensor, numel, group)
     try:
         if _fingerprint.ENABLED:
-            _fingerprint.check(op, tensor, numel, group, entry.group.ranks, entry.seq, _flight.format_site(entry.site))
+            _fingerprint.check(op, tensor, numel, group, entry)
         issued = time.perf_counter()
         work = _flight.issued(entry, call())
     except RuntimeError as e:

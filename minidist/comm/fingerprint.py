@@ -10,8 +10,8 @@ issued through minidist.comm.
     MINIDIST_DEBUG_COLLECTIVES=1 torchrun ...       # or comm.set_debug(True)
 
 Before each collective, each rank hashes its fingerprint (op, shape, dtype,
-logical element count, the group's global ranks, and the collective's
-sequence number on that group) to 63 bits, and the group all_gathers the
+logical element count, the group's name and global ranks, and the
+collective's sequence number on that group) to 63 bits, and the group all_gathers the
 hashes with a plain torch.distributed call (neither traced nor recorded, so it
 does not shift the sequence numbers). Equal hashes: the collective runs. Any
 difference: the group all_gathers each rank's description and call site (the
@@ -38,6 +38,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from minidist.comm.flight_recorder import format_site
+
 
 # As in collectives.py (which imports this module): torch 2.14's name, else the older one.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -61,15 +63,15 @@ def set_debug(on: bool) -> None:
     ENABLED = bool(on)
 
 
-def describe(op: str, tensor: torch.Tensor | None, numel: int, ranks: tuple[int, ...], seq: int) -> str:
-    """What the ranks must agree on, as text: 'all_reduce #3 float32[4, 256] numel=1024 on ranks (0, 1)'."""
+def describe(op: str, tensor: torch.Tensor | None, numel: int, group_name: str, ranks: tuple[int, ...], seq: int) -> str:
+    """What the ranks must agree on, as text: 'all_reduce #3 float32[4, 256] numel=1024 on group world (0, 1)'."""
     if tensor is None:
         what = ""
     elif op == "all_to_all":  # list form: pieces may be uneven across ranks
         what = f" {str(tensor.dtype).removeprefix('torch.')}"
     else:
         what = f" {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} numel={numel}"
-    return f"{op} #{seq}{what} on ranks {ranks}"
+    return f"{op} #{seq}{what} on group {group_name} {ranks}"
 
 
 def _device(tensor: torch.Tensor | None, group) -> torch.device:
@@ -80,13 +82,16 @@ def _device(tensor: torch.Tensor | None, group) -> torch.device:
     return torch.device("cpu")
 
 
-def check(op: str, tensor: torch.Tensor | None, numel: int, group, ranks: tuple[int, ...], seq: int,
-          site: str) -> None:
-    """Raise CollectiveMismatchError on every rank of `group` unless all of them issue the same collective."""
+def check(op: str, tensor: torch.Tensor | None, numel: int, group, entry) -> None:
+    """Raise CollectiveMismatchError on every rank of `group` unless all of them issue the same collective.
+
+    `entry` is the flight recorder's record of this call: its group, sequence number and call site.
+    """
     world = dist.get_world_size(group)
     if world == 1:
         return
-    desc = describe(op, tensor, numel, ranks, seq)
+    ranks = entry.group.ranks
+    desc = describe(op, tensor, numel, entry.group.name, ranks, entry.seq)
     digest = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=8).digest(), "little") >> 1
     dev = _device(tensor, group)
     hashes = torch.empty(world, dtype=torch.int64, device=dev)
@@ -95,7 +100,7 @@ def check(op: str, tensor: torch.Tensor | None, numel: int, group, ranks: tuple[
     if all(h == hashes[0] for h in hashes):
         return
     seen: list = [None] * world
-    dist.all_gather_object(seen, (desc, site), group=group)
+    dist.all_gather_object(seen, (desc, format_site(entry.site)), group=group)
     raise CollectiveMismatchError(mismatch_message(seen, hashes, ranks))
 
 
