@@ -3,10 +3,11 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/flight_recorder_overhead.py
 
 A world of one (no network), a 4-byte tensor: what is left is per-call Python
-overhead, the only thing the recorder adds. Printed: the recorder's own work
-timed directly (issue + completion, sync and with an async handle's future
-callback), and whole calls minidist vs torch.distributed, with the recorder on
-and off. Variants alternate; medians of 7 rounds.
+overhead, the only thing the recorder adds. minidist.comm.all_reduce runs with
+the recorder, and with the recorder swapped out of collectives._issue for a
+stub (what the call cost before it existed), blocking and async + wait;
+torch.distributed.all_reduce beside them. Variants alternate; 9 rounds; the
+median and the minimum (the least disturbed by other load) are printed.
 """
 
 import statistics
@@ -16,10 +17,22 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm, runtime
-from minidist.comm import flight_recorder as fr
+from minidist.comm import collectives, flight_recorder
 
 
-def per_call_us(fn, calls: int = 3000) -> float:
+class NoRecorder:
+    """Stands in for flight_recorder inside _issue: records nothing."""
+
+    @staticmethod
+    def issue(op, tensor, numel, group):
+        return None
+
+    @staticmethod
+    def issued(entry, work):
+        return work
+
+
+def per_call_us(fn, calls: int = 2000) -> float:
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -29,41 +42,26 @@ def per_call_us(fn, calls: int = 3000) -> float:
 def main() -> None:
     with runtime.distributed("gloo"):
         x = torch.zeros(1)
-        work = dist.all_reduce(x, async_op=True)
-        work.wait()
-
-        def record_sync():
-            fr.issued(fr.issue("all_reduce", x, 1, None), None)
-
-        def record_async():  # the future is already complete: the callback runs inline, as its cost
-            fr.issued(fr.issue("all_reduce", x, 1, None), work)
-
-        def comm_async():
-            comm.all_reduce(x, async_op=True).wait()
-
-        def torch_async():
-            dist.all_reduce(x, async_op=True).wait()
-
-        variants = {
-            "recorder alone, sync entry": record_sync,
-            "recorder alone, async entry (future callback)": record_async,
-            "torch.distributed.all_reduce": lambda: dist.all_reduce(x),
-            "minidist.comm.all_reduce, recorder on": lambda: comm.all_reduce(x),
-            "minidist.comm.all_reduce, recorder off": None,
-            "torch.distributed.all_reduce async+wait": torch_async,
-            "minidist.comm.all_reduce async+wait, recorder on": comm_async,
+        calls = {
+            "blocking": (lambda: dist.all_reduce(x), lambda: comm.all_reduce(x)),
+            "async + wait": (lambda: dist.all_reduce(x, async_op=True).wait(),
+                             lambda: comm.all_reduce(x, async_op=True).wait()),
         }
-        samples = {name: [] for name in variants}
-        for _ in range(7):
-            for name, fn in variants.items():
-                if fn is None:
-                    fr.set_enabled(False)
-                    samples[name].append(per_call_us(lambda: comm.all_reduce(x)))
-                    fr.set_enabled(True)
-                else:
-                    samples[name].append(per_call_us(fn))
-        for name, s in samples.items():
-            print(f"{name:52} {statistics.median(s):8.2f} us/call  (min {min(s):.2f})")
+        samples = {(kind, v): [] for kind in calls for v in ("torch", "no recorder", "recorder")}
+        for _ in range(9):
+            for kind, (torch_call, comm_call) in calls.items():
+                samples[kind, "torch"].append(per_call_us(torch_call))
+                collectives._flight = NoRecorder
+                samples[kind, "no recorder"].append(per_call_us(comm_call))
+                collectives._flight = flight_recorder
+                samples[kind, "recorder"].append(per_call_us(comm_call))
+        for kind in calls:
+            med = {v: statistics.median(samples[kind, v]) for v in ("torch", "no recorder", "recorder")}
+            low = {v: min(samples[kind, v]) for v in med}
+            print(f"{kind:13} us/call, median (min): torch {med['torch']:.1f} ({low['torch']:.1f}), "
+                  f"minidist without recorder {med['no recorder']:.1f} ({low['no recorder']:.1f}), "
+                  f"with {med['recorder']:.1f} ({low['recorder']:.1f}): recorder "
+                  f"+{med['recorder'] - med['no recorder']:.1f} us (+{low['recorder'] - low['no recorder']:.1f})")
 
 
 if __name__ == "__main__":

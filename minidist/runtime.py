@@ -173,7 +173,7 @@ def exit_on_error(exc: BaseException) -> None:
     this rank's last collectives first, and a backend timeout is reported as
     the collective that did not complete and the ranks that never reached it.
     """
-    from minidist.comm import flight_recorder  # here: runtime is imported before comm
+    from minidist.comm import flight_recorder  # local: this module imports nothing of minidist at load
 
     exc = flight_recorder.on_error(exc)
     if os.environ.get("MINIDIST_TRACEBACK"):

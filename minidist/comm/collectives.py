@@ -123,8 +123,8 @@ def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call:
             _fingerprint.check(op, tensor, numel, group, entry)
         issued = time.perf_counter()
         work = _flight.issued(entry, call())
-    except RuntimeError as e:
-        _flight.on_failure(entry, e)  # a timeout is re-raised naming the collective and the missing ranks
+    except Exception as e:  # noqa: BLE001 - recorded as failed, then re-raised unchanged (a timeout: named)
+        _flight.on_failure(entry, e)
         raise
     if not _trace._ACTIVE:
         return work

@@ -38,7 +38,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from minidist.comm.flight_recorder import format_site
+from minidist.comm.collective_log import format_site
 
 
 # As in collectives.py (which imports this module): torch 2.14's name, else the older one.

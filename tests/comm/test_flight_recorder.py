@@ -32,8 +32,8 @@ def _records(dump_path):
     comm.all_reduce(x)
     comm.all_gather(torch.empty(16), x, async_op=True).wait()
     comm.barrier()
+    _wait_until(lambda: all(e.state is fr.State.COMPLETED for e in fr.entries()[-3:]))
     last = fr.entries()[-3:]
-    _wait_until(lambda: all(e.state is fr.State.COMPLETED for e in last))  # a future's callback may trail wait()
     rows = [e.to_json() for e in last]
     path = fr.dump(f"{dump_path}.{rank}")
     doc = json.loads(Path(path).read_text())
