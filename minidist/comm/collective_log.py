@@ -62,6 +62,7 @@ class _Group:
         self.ranks = tuple(dist.get_process_group_ranks(group))
         self.counter = itertools.count(1)
         self.last = 0  # seq of the last collective this rank issued on the group
+        self.last_op = ""
 
 
 class Entry:
@@ -145,6 +146,7 @@ def issue(op: str, tensor, numel: int, group) -> Entry:
     if info is None or (group is None and info.world is not dist.group.WORLD):  # new group, or a new world
         info = _group(group)
     seq = info.last = next(info.counter)
+    info.last_op = op
     if _PENDING:
         _settle_finished()
     entry = Entry(seq, op, info, tensor, numel, call_site())
@@ -227,8 +229,8 @@ def ring_capacity() -> int:
     return _RING.maxlen
 
 
-def _progress_snapshot() -> dict[str, int]:
-    return {g.key: g.last for g in list(_GROUPS.values())}
+def _progress_snapshot() -> dict[str, tuple[int, str]]:
+    return {g.key: (g.last, g.last_op) for g in list(_GROUPS.values())}
 
 
 def oldest_unfinished() -> Entry | None:

@@ -88,7 +88,7 @@ def check(op: str, tensor: torch.Tensor | None, numel: int, group, entry) -> Non
     `entry` is the flight recorder's record of this call: its group, sequence number and call site.
     """
     world = dist.get_world_size(group)
-    if world == 1:
+    if world <= 1:  # alone, or not a member (-1): nothing to agree with
         return
     ranks = entry.group.ranks
     desc = describe(op, tensor, numel, entry.group.name, ranks, entry.seq)

@@ -69,18 +69,24 @@ def _is_timeout(exc: BaseException) -> bool:
 
 def report(entry: Entry, reason: str) -> str:
     """One line naming `entry` and the ranks that never reached it; dumps this rank's record."""
-    behind, unknown = peer_progress.behind(entry.group.key, entry.group.ranks, entry.seq)
-    if behind:
-        who = "; ".join(f"rank {r} never reached it " + (f"(its last on this group: #{s})" if s else "(it issued none on this group)")
-                        for r, s in behind)
-    elif unknown:
-        who = f"rank(s) {', '.join(map(str, unknown))} published no progress (no store?)"
-    else:
-        who = "every rank reached it (one died or the network failed inside the collective?)"
     age = time.time() - entry.issued_at
     entry.reported = entry.reported or reason == "timeout"
     verb = "did not complete within" if reason == "timeout" else "in flight for"
-    return f"{entry.describe()} {verb} {age:.1f}s: {who}; issued at {format_site(entry.site)}{_dumped(reason)}"
+    return (f"{entry.describe()} {verb} {age:.1f}s: {_peers(entry)}; issued at {format_site(entry.site)}"
+            f"{_dumped(reason)}")
+
+
+def _peers(entry: Entry) -> str:
+    """Where the other ranks of the group are, from their published progress (peer_progress.py)."""
+    seen = peer_progress.progress(entry.group.key, entry.group.ranks)
+    late = [f"rank {r} never reached it " + (f"(its last on this group: #{p[0]})" if p[0] else "(it issued none on this group)")
+            for r, p in seen.items() if p is not None and p[0] < entry.seq]
+    other = [f"rank {r} issued {p[1]} as #{entry.seq} (the ranks disagree: MINIDIST_DEBUG_COLLECTIVES=1 names where)"
+             for r, p in seen.items() if p is not None and p[0] == entry.seq and p[1] != entry.op]
+    unknown = [str(r) for r, p in seen.items() if p is None]
+    if unknown:
+        other.append(f"rank(s) {', '.join(unknown)} published no progress")
+    return "; ".join(late + other) or "every rank reached it (one died, or the network failed, inside it?)"
 
 
 def dump(path: str | None = None, reason: str = "requested") -> str | None:

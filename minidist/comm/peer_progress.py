@@ -6,7 +6,7 @@ record may sit on another machine. The default store of the process group
 (torchrun's TCPStore, or a FileStore) is reachable by every rank on every
 backend, gloo included. Writing to it on every collective would cost a round
 trip (tens of microseconds); instead a daemon thread publishes this rank's
-counters {group: last seq issued} under "minidist/flight/rank{r}" every
+counters {group: (last seq issued, its op)} under "minidist/flight/rank{r}" every
 PERIOD_S, when they changed. A rank that reached #k has published it PERIOD_S
 later at most; a timeout is seconds at least, so when it fires, a peer whose
 published seq is below k never reached #k (the exception: a peer that arrived
@@ -28,6 +28,7 @@ import json
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from typing import Callable
@@ -66,7 +67,7 @@ def _run(snapshot: Callable[[], dict[str, int]]) -> None:
             ready = select.select([fd], [], [], PERIOD_S)[0]
             for signum in os.read(fd, 512) if ready else b"":
                 if signum in _signals:
-                    _signals[signum](signum)
+                    _answer(signum)
         else:
             time.sleep(PERIOD_S)
         try:
@@ -79,9 +80,16 @@ def _run(snapshot: Callable[[], dict[str, int]]) -> None:
             published = None
 
 
-def behind(key: str, ranks: tuple[int, ...], seq: int) -> tuple[list[tuple[int, int]], list[int]]:
-    """Peers among `ranks` whose published progress on group `key` is below `seq`, and peers with none."""
-    late, unknown = [], []
+def _answer(signum: int) -> None:
+    try:
+        _signals[signum](signum)
+    except Exception as exc:  # noqa: BLE001 - a failed dump must not end the thread that publishes progress
+        print(f"flight recorder: could not answer signal {signum}: {exc}", file=sys.stderr, flush=True)
+
+
+def progress(key: str, ranks: tuple[int, ...]) -> dict[int, tuple[int, str] | None]:
+    """Each peer's published (last seq, its op) on group `key`; (0, "") if none on it; None if it published nothing."""
+    out: dict[int, tuple[int, str] | None] = {}
     me = dist.get_rank()
     for r in ranks:
         if r == me:
@@ -90,15 +98,14 @@ def behind(key: str, ranks: tuple[int, ...], seq: int) -> tuple[list[tuple[int, 
             store = _store()
             name = KEY.format(r)
             if not store.check([name]):
-                unknown.append(r)
+                out[r] = None
                 continue
-            last = json.loads(store.get(name)).get(key, 0)
+            last = json.loads(store.get(name)).get(key, (0, ""))
         except Exception:  # noqa: BLE001 - no store or it is gone: say so rather than guess
-            unknown.append(r)
+            out[r] = None
             continue
-        if last < seq:
-            late.append((r, last))
-    return late, unknown
+        out[r] = (int(last[0]), str(last[1]))
+    return out
 
 
 def watch_signal(signum: int, callback: Callable[[int], None]) -> None:

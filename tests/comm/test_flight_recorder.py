@@ -39,8 +39,12 @@ def _records(dump_path):
     doc = json.loads(Path(path).read_text())
     seq = last[-1].seq
     key, ranks = last[-1].group.key, last[-1].group.ranks
-    published = _wait_until(lambda: peer_progress.behind(key, ranks, seq) == ([], []))
-    ahead = peer_progress.behind(key, ranks, seq + 1)
+    other = 1 - rank
+    published = _wait_until(lambda: peer_progress.progress(key, ranks) == {other: (seq, "barrier")})
+    group = last[-1].group
+    verdicts = [fr._peers(fr.Entry(seq + 1, "all_reduce", group, None, 0, ("x", 1))),  # the peer is not there yet
+                fr._peers(fr.Entry(seq, "all_reduce", group, None, 0, ("x", 1))),      # it issued another op as #seq
+                fr._peers(fr.Entry(seq, "barrier", group, None, 0, ("x", 1)))]         # it is in the same one
     dist.barrier()  # torch's own, not counted: neither rank issues #seq+1 before both have read the other's progress
     fr.set_enabled(True, capacity=4)
     try:
@@ -49,11 +53,11 @@ def _records(dump_path):
         kept = [e.seq for e in fr.entries()]
     finally:
         fr.set_enabled(True, capacity=fr.CAPACITY)
-    return rows, doc, published, ahead, seq, kept
+    return rows, doc, published, verdicts, seq, kept
 
 
 def test_records_publishes_and_dumps(run_dist, tmp_path):
-    for rank, (rows, doc, published, ahead, seq, kept) in enumerate(run_dist(2, _records, str(tmp_path / "d"))):
+    for rank, (rows, doc, published, verdicts, seq, kept) in enumerate(run_dist(2, _records, str(tmp_path / "d"))):
         assert [r["op"] for r in rows] == ["all_reduce", "all_gather", "barrier"]
         assert [r["seq"] for r in rows] == [seq - 2, seq - 1, seq], "one sequence number per collective on the group"
         assert [r["bytes"] for r in rows] == [32, 64, 0] and [r["async_op"] for r in rows] == [False, True, False]
@@ -62,7 +66,10 @@ def test_records_publishes_and_dumps(run_dist, tmp_path):
         assert all(r["completed_at"] >= r["issued_at"] for r in rows)
         assert doc["rank"] == rank and doc["entries"][-3:] == rows
         assert published, "the peer's progress reached the store within a few publish periods"
-        assert ahead == ([(1 - rank, seq)], []), "a collective the peer has not issued: it is named as behind"
+        assert verdicts == [f"rank {1 - rank} never reached it (its last on this group: #{seq})",
+                            f"rank {1 - rank} issued barrier as #{seq} (the ranks disagree: MINIDIST_DEBUG_COLLECTIVES=1 "
+                            f"names where)",
+                            "every rank reached it (one died, or the network failed, inside it?)"], verdicts
         assert kept == list(range(seq + 1, seq + 7))[-4:], "the ring keeps the last `capacity` collectives"
 
 
