@@ -2,15 +2,16 @@
 
     python -m tests.comm.hang_worker RANK STORE_FILE RUN_DIR
 
-Both ranks create a second group and issue all_reduce #1 and broadcast #2 on
-the world; then rank 1 sleeps (the test kills it) while rank 0, with a 3 s
-timeout on both groups:
-  1. issues all_reduce #3 on the world, blocking; it sends itself SIGUSR1 1 s
+The world joins with a long timeout (process start-up under load varies by
+seconds); two groups, `first` and `second`, get a 3 s one. Both ranks issue
+all_reduce #1 and broadcast #2 on `first`; then rank 1 sleeps (the test kills
+it) while rank 0:
+  1. issues all_reduce #3 on `first`, blocking; it sends itself SIGUSR1 1 s
      in, while its main thread is inside gloo; the timeout is caught and its
      message printed as the recipes would print it;
-  2. issues all_reduce #1 on the second group, async, and waits on it; the
-     timeout reaches runtime.exit_on_error, as in the recipes.
-Each stage prints "entering <stage> at <time>" to stdout.
+  2. issues all_reduce #1 on `second`, async, and waits on it; the timeout
+     reaches runtime.exit_on_error, as in the recipes.
+Before each stage it prints "entering <stage> at <time>" to stdout.
 """
 
 import datetime
@@ -31,24 +32,25 @@ TIMEOUT_S = 3
 def main() -> None:
     rank, store_file, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
-    dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2, timeout=timeout)
-    other = dist.new_group([0, 1], timeout=timeout)
+    dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    first, second = dist.new_group([0, 1], timeout=timeout), dist.new_group([0, 1], timeout=timeout)
     comm.flight_recorder.install_dump_handlers(run_dir)
     x = torch.ones(4)
     try:
-        comm.all_reduce(x)
-        comm.broadcast(x, src=0)
+        comm.all_reduce(x, group=first)
+        comm.broadcast(x, src=0, group=first)
         if rank == 1:
             time.sleep(60)  # never reaches all_reduce #3
             return
         print("entering sync at", time.time(), flush=True)
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
         try:
-            comm.all_reduce(x)
+            comm.all_reduce(x, group=first)
         except comm.CollectiveTimeoutError as exc:
             print(f"{runtime.rank_prefix()}error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         print("entering async at", time.time(), flush=True)
-        comm.all_reduce(x, group=other, async_op=True).wait()
+        comm.all_reduce(x, group=second, async_op=True).wait()
     except Exception as exc:  # noqa: BLE001 - what the recipes do
         runtime.exit_on_error(exc)
     runtime.exit_process(0)
