@@ -41,6 +41,7 @@ _GROUPS: dict = {}  # ProcessGroup -> _Group (weak keys would cost; a finished g
 _PENDING: collections.deque = collections.deque()  # (entry, future) of async collectives not yet seen done
 _LOCK = threading.Lock()  # popping _PENDING (collectives may be issued from several threads)
 _COMM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+WHO = {"rank": 0, "world_size": 1}  # as of the last group seen: reports may come after the group is destroyed
 
 
 class State(enum.Enum):
@@ -133,6 +134,7 @@ def _group(group) -> _Group:
     info = _GROUPS.get(g)
     if info is None:
         info = _GROUPS[g] = _Group(g)
+        WHO.update(rank=dist.get_rank(), world_size=dist.get_world_size())
         if len(info.ranks) > 1:  # someone to tell where this rank is
             start_watcher()
     if g is dist.group.WORLD:

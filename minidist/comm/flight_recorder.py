@@ -38,8 +38,6 @@ import signal
 import sys
 import time
 
-import torch.distributed as dist
-
 from minidist.comm import collective_log as _log
 from minidist.comm import peer_progress
 from minidist.comm.collective_log import (  # noqa: F401 - the recorder's public names
@@ -78,7 +76,7 @@ def report(entry: Entry, reason: str) -> str:
 
 def _peers(entry: Entry) -> str:
     """Where the other ranks of the group are, from their published progress (peer_progress.py)."""
-    seen = peer_progress.progress(entry.group.key, entry.group.ranks)
+    seen = peer_progress.progress(entry.group.key, entry.group.ranks, _log.WHO["rank"])
     late = [f"rank {r} never reached it " + (f"(its last on this group: #{p[0]})" if p[0] else "(it issued none on this group)")
             for r, p in seen.items() if p is not None and p[0] < entry.seq]
     other = [f"rank {r} issued {p[1]} as #{entry.seq} (the ranks disagree: MINIDIST_DEBUG_COLLECTIVES=1 names where)"
@@ -94,10 +92,8 @@ def dump(path: str | None = None, reason: str = "requested") -> str | None:
     if path is None:
         if _RUN_DIR is None:
             return None
-        path = os.path.join(_RUN_DIR, f"flight_rank{dist.get_rank() if dist.is_initialized() else 0}.json")
-    doc = {"rank": dist.get_rank() if dist.is_initialized() else 0,
-           "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-           "reason": reason, "written_at": time.time(), "capacity": _log.ring_capacity(),
+        path = os.path.join(_RUN_DIR, f"flight_rank{_log.WHO['rank']}.json")
+    doc = {**_log.WHO, "reason": reason, "written_at": time.time(), "capacity": _log.ring_capacity(),
            "entries": [e.to_json() for e in entries()]}
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -135,8 +131,7 @@ def _on_signal(signum: int) -> None:
     else:
         last = entries()[-1:]
         line = f"no collective in flight (last: {last[0].describe() if last else 'none yet'}){_dumped(name)}"
-    prefix = f"[rank {dist.get_rank()}/{dist.get_world_size()}] " if dist.is_initialized() else ""
-    print(f"{prefix}flight recorder ({name}): {line}", file=sys.stderr, flush=True)
+    print(f"[rank {_log.WHO['rank']}/{_log.WHO['world_size']}] flight recorder ({name}): {line}", file=sys.stderr, flush=True)
 
 
 def install_dump_handlers(run_dir: str, signum: int = signal.SIGUSR1) -> None:

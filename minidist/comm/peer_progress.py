@@ -44,8 +44,16 @@ _signals: dict[int, Callable[[int], None]] = {}
 _wake_fd: int | None = None  # read end of the pipe signal.set_wakeup_fd writes to
 
 
+_last_store = None  # the default store as last seen: reports may come after the process group is destroyed
+
+
 def _store():
-    return dist.distributed_c10d._get_default_store()
+    global _last_store
+    if dist.is_initialized():
+        _last_store = dist.distributed_c10d._get_default_store()
+    if _last_store is None:
+        raise RuntimeError("no process group has existed: no store to read")
+    return _last_store
 
 
 def ensure_started(snapshot: Callable[[], dict[str, int]]) -> None:
@@ -87,10 +95,9 @@ def _answer(signum: int) -> None:
         print(f"flight recorder: could not answer signal {signum}: {exc}", file=sys.stderr, flush=True)
 
 
-def progress(key: str, ranks: tuple[int, ...]) -> dict[int, tuple[int, str] | None]:
+def progress(key: str, ranks: tuple[int, ...], me: int) -> dict[int, tuple[int, str] | None]:
     """Each peer's published (last seq, its op) on group `key`; (0, "") if none on it; None if it published nothing."""
     out: dict[int, tuple[int, str] | None] = {}
-    me = dist.get_rank()
     for r in ranks:
         if r == me:
             continue

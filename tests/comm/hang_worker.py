@@ -10,7 +10,8 @@ it) while rank 0:
      in, while its main thread is inside gloo; the timeout is caught and its
      message printed as the recipes would print it;
   2. issues all_reduce #1 on `second`, async, and waits on it; the timeout
-     reaches runtime.exit_on_error, as in the recipes.
+     reaches runtime.exit_on_error after the process group is destroyed, as
+     in recipes.train.
 Before each stage it prints "entering <stage> at <time>" to stdout.
 """
 
@@ -51,7 +52,8 @@ def main() -> None:
             print(f"{runtime.rank_prefix()}error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         print("entering async at", time.time(), flush=True)
         comm.all_reduce(x, group=second, async_op=True).wait()
-    except Exception as exc:  # noqa: BLE001 - what the recipes do
+    except Exception as exc:  # noqa: BLE001 - what recipes.train does: the process group is gone by then
+        runtime.shutdown()
         runtime.exit_on_error(exc)
     runtime.exit_process(0)
 

@@ -40,7 +40,7 @@ def _records(dump_path):
     seq = last[-1].seq
     key, ranks = last[-1].group.key, last[-1].group.ranks
     other = 1 - rank
-    published = _wait_until(lambda: peer_progress.progress(key, ranks) == {other: (seq, "barrier")})
+    published = _wait_until(lambda: peer_progress.progress(key, ranks, rank) == {other: (seq, "barrier")})
     group = last[-1].group
     verdicts = [fr._peers(fr.Entry(seq + 1, "all_reduce", group, None, 0, ("x", 1))),  # the peer is not there yet
                 fr._peers(fr.Entry(seq, "all_reduce", group, None, 0, ("x", 1))),      # it issued another op as #seq
@@ -87,7 +87,7 @@ def test_a_skipped_collective_is_named_within_the_timeout(tmp_path):
             logs.append((open(tmp_path / f"r{rank}.out", "w"), open(tmp_path / f"r{rank}.err", "w")))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.comm.hang_worker", str(rank), str(tmp_path / "store"), str(tmp_path / "run")],
-                cwd=ROOT, env=env, stdout=logs[-1][0], stderr=logs[-1][1]))
+                cwd=ROOT, env={**env, "RANK": str(rank)}, stdout=logs[-1][0], stderr=logs[-1][1]))
         procs[1].wait(timeout=120)  # startup under load dominates; the hang itself is timed below
         ended = time.time()
     finally:
@@ -112,7 +112,7 @@ def test_a_skipped_collective_is_named_within_the_timeout(tmp_path):
     assert err[1].startswith(f"[rank 0/2] error: CollectiveTimeoutError: {head} did not complete within 3."), err
     assert missing in err[1] and "hang_worker.py:" in err[1], err
     second = err[2].split("error: CollectiveTimeoutError: all_reduce #1 on group ", 1)
-    assert second[0] == "[rank 0/2] " and "(ranks 0, 1) did not complete within 3." in second[1], err
+    assert second[0] == "[rank 0] " and "(ranks 0, 1) did not complete within 3." in second[1], err
     assert not second[1].startswith(f"{first} ") and "rank 1 never reached it (it issued none on this group)" in second[1], err
     doc = json.loads((tmp_path / "run" / "flight_rank0.json").read_text())
     states = [(e["op"], e["seq"], e["group"] == first, e["state"]) for e in doc["entries"]]
