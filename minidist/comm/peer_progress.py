@@ -5,14 +5,20 @@ arrived cannot answer a collective (that is the problem), and its own flight
 record may sit on another machine. The default store of the process group
 (torchrun's TCPStore, or a FileStore) is reachable by every rank on every
 backend, gloo included. Writing to it on every collective would cost a round
-trip (tens of microseconds); instead a daemon thread publishes this rank's
+trip to the store each time; instead a daemon thread publishes this rank's
 counters {group: (last seq issued, its op)} under "minidist/flight/rank{r}" every
 PERIOD_S, when they changed. A rank that reached #k has published it PERIOD_S
 later at most; a timeout is seconds at least, so when it fires, a peer whose
 published seq is below k never reached #k (the exception: a peer that arrived
 within the last PERIOD_S before the timeout, which would not have caused it).
-Reading is non-blocking (store.check, then get): a peer that never published
-is reported as unknown, never waited for.
+A peer whose last is #k but with another op issued a different collective as
+#k: the ranks disagree (fingerprint.py would name where). Reading is
+non-blocking (store.check, then get): a peer that never published is
+reported as unknown, never waited for. Cost: at most one small store write
+per rank per PERIOD_S, off the training thread. The store and this rank are
+remembered, so a report still reads them after the process group is
+destroyed (recipes.train reaches exit_on_error after leaving its
+runtime.distributed() block).
 
 The same thread serves the dump signal. Python runs signal handlers on the
 main thread only, between bytecodes: a rank blocked inside a gloo call would
