@@ -28,10 +28,10 @@ more small-message latency (alpha) of the group, plus hashing a short string;
 an async collective is checked before it is issued, so the check itself
 overlaps with nothing. Measured by benchmarks/fingerprint_overhead.py (world
 2, gloo, all_reduce through minidist.comm, check off/on alternating, on a
-2-core machine shared with a load average of 10-15): +1.0 to +1.5 ms per
-collective (fastest rounds; medians +0.8 to +2.4 ms), where a 1 KB all_reduce
-itself took 0.4-0.8 ms, i.e. roughly 2-3x for small collectives and +25-140%
-for 1 MB ones. On an idle machine expect about one alpha (~150-200 us here by
+2-core machine shared with a load average of 9-18, four runs): +0.6 to
++1.5 ms per collective in the fastest rounds (medians +0.8 to +4.4 ms), where
+a 1 KB all_reduce itself took 0.4-0.8 ms: roughly 2-4x for small collectives,
++20-270% for 1 MB ones, noise included. On an idle machine expect about one alpha (~150-200 us here by
 `make tour`). A debugging switch, off by default.
 """
 
