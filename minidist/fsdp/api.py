@@ -38,6 +38,7 @@ from minidist.fsdp.param import FlatParamShard, ParamInfo
 from minidist.fsdp.schedule import Schedule
 from minidist.fsdp.unit import FSDPUnit, UnitPolicy
 from minidist.mesh import group_of
+from minidist.verify import verify_same_model
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
 
@@ -174,7 +175,10 @@ class FSDP(nn.Module):
         self.mp_policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
         if max_inflight_all_gathers < 0:
             raise ValueError(f"max_inflight_all_gathers must be >= 0, got {max_inflight_all_gathers}")
-        self.mesh_info = _mesh_info(strategy, mesh, process_group)
+        self.mesh_info = info = _mesh_info(strategy, mesh, process_group)
+        for group, world in ((info.shard_group, info.shard_world), (info.replicate_group, info.replicate_world)):
+            if world > 1:  # different models would shard into different sizes: gloo aborts, NCCL hangs
+                verify_same_model(module.named_parameters(), module.named_buffers(), group, "FSDP")
         policy = UnitPolicy(strategy is ShardingStrategy.FULL_SHARD or strategy is ShardingStrategy.HYBRID_SHARD,
                             reduce_dtype)
         self._schedule: Schedule[FSDPUnit] = Schedule(forward_prefetch, backward_prefetch, max_inflight_all_gathers)
