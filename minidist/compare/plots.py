@@ -53,12 +53,12 @@ def draw_comparison(rows: list[dict], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5.2))
     for ax, panel in zip(axes, (_bytes_panel, _memory_panel, _time_panel)):
         panel(ax, rows)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([r["strategy"] for r in rows], rotation=20, fontsize=8)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

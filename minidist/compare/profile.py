@@ -99,9 +99,9 @@ def profile_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Calla
                        param_numels=[p.numel() for p in fake.parameters()],
                        itemsize=next(fake.parameters()).element_size())
     params = list(fake.parameters())
+    backward = [False]  # set once the forward is done
     ledger = MemoryLedger(lambda: {"parameters": params, "gradients": [p.grad for p in params]},
                           observer=lambda led: _observe(led, prof, unit_params, backward))
-    backward = [False]
     stack = [0]
     prof.segments.append(0)
     ledger.tag = 0

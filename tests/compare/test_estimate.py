@@ -37,3 +37,21 @@ def test_profile_and_estimate_structure():
     assert z.by_role["optimizer"] < ddp4.by_role["optimizer"] and z.by_role["parameters"] == ddp4.by_role["parameters"]
     with pytest.raises(ValueError, match="unknown strategy"):
         estimate_memory(prof, "zero9", 2)
+
+
+def test_estimate_recipe_prints_every_strategy_and_world(capsys):
+    from recipes.compare import main
+    main(["--estimate", "model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8",
+          "trainer.batch_size=2", "estimate.worlds=[1,4]"])
+    out = capsys.readouterr().out.splitlines()
+    assert "N=4" in out[1] and [line.split()[0] for line in out[2:]] == [
+        "ddp", "zero1", "shard_grad_op", "full_shard", "hybrid_shard"]
+
+
+def test_config_errors_are_one_line():
+    from recipes.compare import compose
+    for bad, words in ((["strategies=[ddp,zero9]"], "zero9 not valid"), (["warmup_steps=1"], "warmup_steps >= 2"),
+                       (["strategy_options.ddp.bucket_mb=1"], "valid keys here")):
+        with pytest.raises(ValueError, match=words) as info:
+            compose(bad)
+        assert "\n" not in str(info.value)
