@@ -1,7 +1,7 @@
 """Per-rank peak memory of a training step, predicted without running it.
 
     prof = profile_step(model_on_meta, batch, loss_fn, wrap={Block})      # once per model and batch
-    est = estimate_memory(model_on_meta, "full_shard", world=8, profile=prof)
+    est = estimate_memory(prof, "full_shard", world=8)                   # or (model_on_meta, ..., batch=, loss_fn=, wrap=)
     est.total, est.by_role, est.where
 
 Model states at rest are ZeRO's formulas (Rajbhandari et al. 2020, Figure 1), model_state_bytes():
@@ -42,9 +42,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+import torch.nn as nn
+
 from minidist.compare.analytic import zero1_partition
 from minidist.compare.memory import ROLES
-from minidist.compare.profile import Sample, StepProfile
+from minidist.compare.profile import Sample, StepProfile, profile_step
 
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "sgd": 1}
 """Parameter-sized state tensors: AdamW's two moments, SGD's momentum buffer. K = that x itemsize
@@ -210,16 +213,25 @@ def _at_optimizer(prof: StepProfile, strategy: str, lay: _Layout) -> dict:
             "buffers": lay.buckets + lay.step_buffers, "activations": 0, "other": other}
 
 
-def estimate_memory(prof: StepProfile, strategy: str, world: int, *, optimizer: str = "adamw",
+def estimate_memory(prof: StepProfile | nn.Module, strategy: str, world: int, dtype: torch.dtype | None = None, *,
+                    batch=None, loss_fn=None, wrap=None, device: str = "cpu", optimizer: str = "adamw",
                     shard_size: int | None = None, max_inflight_all_gathers: int = 2,
                     forward_prefetch: bool = True, backward_prefetch: bool = True,
                     backend: str = "gloo") -> MemoryEstimate:
     """Predicted per-rank peak bytes of one step of `strategy` at `world` ranks (see the module docstring).
 
-    prof: profile_step() of the model on the meta device with one rank's batch. shard_size:
-    hybrid_shard's shard group (None = world, one node). backend: gloo keeps a copy of each
-    reduce_scatter's input until it is waited on; nccl reduces in place.
+    prof: profile_step() of the model with one rank's batch, or the model itself built on the
+    meta device (then batch (meta tensors), loss_fn(model, batch) -> loss and wrap (the FSDP
+    block types) are needed, and dtype casts it first; profiling once and passing the profile
+    is cheaper for many strategies and worlds). shard_size: hybrid_shard's shard group (None =
+    world, one node). backend: gloo keeps a copy of each reduce_scatter's input until it is
+    waited on; nccl reduces in place.
     """
+    if isinstance(prof, nn.Module):
+        if batch is None or loss_fn is None:
+            raise ValueError("estimate_memory(model, ...) needs batch= (meta tensors of one rank's batch) and "
+                             "loss_fn=(model, batch) -> loss, or a StepProfile from profile_step()")
+        prof = profile_step(prof.to(dtype) if dtype is not None else prof, batch, loss_fn, wrap, device)
     if strategy not in STAGE:
         raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STAGE)}")
     if optimizer not in OPTIMIZER_STATE_TENSORS:

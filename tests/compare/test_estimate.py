@@ -55,3 +55,18 @@ def test_config_errors_are_one_line():
         with pytest.raises(ValueError, match=words) as info:
             compose(bad)
         assert "\n" not in str(info.value)
+
+
+def test_estimate_from_a_meta_model_in_fp16():
+    from minidist.models.gpt import GPT, Block
+    from tests.common import tiny_gpt_config
+    with torch.device("meta"):
+        model = GPT(tiny_gpt_config())
+    x = torch.empty(2, 16, dtype=torch.long, device="meta")
+    loss = lambda m, b: m(b[0], b[1])[1]  # noqa: E731
+    est32 = estimate_memory(model, "full_shard", 2, batch=[x, x], loss_fn=loss, wrap={Block})
+    est16 = estimate_memory(model, "full_shard", 2, torch.float16, batch=[x, x], loss_fn=loss, wrap={Block})
+    assert est16.by_role["parameters"] * 2 == est32.by_role["parameters"]
+    assert est16.by_role["optimizer"] < est32.by_role["optimizer"]
+    with pytest.raises(ValueError, match="needs batch"):
+        estimate_memory(model, "ddp", 2)
