@@ -61,17 +61,22 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and "provider=" not in line)
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose configs/config.yaml with command-line style overrides; raise ConfigError (one line)."""
+def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
+    """Compose configs/<config_name>.yaml with command-line style overrides; raise ConfigError (one line).
+
+    config_name="config" is training (checked by check() below); other primary configs (compare)
+    register their root schema first and check their own rules.
+    """
     from hydra import compose, initialize_config_dir
 
     register_schemas()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name=config_name, overrides=list(overrides))
     except Exception as exc:  # noqa: BLE001 - Hydra raises many kinds; all become one line
         raise ConfigError(_one_line(exc)) from exc
-    check(cfg)
+    if config_name == "config":
+        check(cfg)
     return cfg
 
 

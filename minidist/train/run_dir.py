@@ -19,14 +19,17 @@ from minidist.mesh import is_main
 NAME_BYTES = 256
 
 
-def run_dir_for(cfg, topo: Topology, mesh: DeviceMesh) -> Path:
-    """<out_dir>/<name>; without cfg.name, the main process's choice, shared with every rank."""
+def run_dir_for(cfg, topo: Topology, mesh: DeviceMesh, prefix: str | None = None) -> Path:
+    """<out_dir>/<name>; without cfg.name, the main process's choice, shared with every rank.
+
+    The chosen name is <prefix>-<timestamp>, prefix defaulting to <model>-<strategy>.
+    """
     name = cfg.name
     if not name:
         buf = torch.zeros(NAME_BYTES, dtype=torch.uint8, device=topo.device)  # NCCL: device tensors only
         if is_main(mesh):
             stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-            raw = f"{cfg.model.name}-{cfg.strategy.name}-{stamp}".encode()[:NAME_BYTES]
+            raw = f"{prefix or f'{cfg.model.name}-{cfg.strategy.name}'}-{stamp}".encode()[:NAME_BYTES]
             buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8, device=topo.device)
         comm.broadcast(buf, src=int(mesh.mesh.flatten()[0]))  # the whole job, from the main process
         name = bytes(buf[buf != 0].cpu().tolist()).decode()
