@@ -88,8 +88,8 @@ class Layout:
 
     @classmethod
     def from_model(cls, model: nn.Module, blocks, bucket_numels=()) -> "Layout":
-        from minidist.fsdp.api import _build_units, _is_unit
-        units = _build_units(model, _is_unit(set(blocks)))
+        from minidist.fsdp.api import build_units, wrap_predicate
+        units = build_units(model, wrap_predicate(set(blocks)))
         units = tuple(sum(i.param.numel() for i in infos) for _, _, infos in units)
         params = tuple(p.numel() for p in model.parameters())
         itemsize = next(model.parameters()).element_size()

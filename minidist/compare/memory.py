@@ -221,9 +221,10 @@ def roles_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RoleSo
             grads += [p.grad for p in flat.sharded_params]
             if not flat.aliased:
                 buffers.append(flat.full)
-            if unit._reduce_input is not unit._reduce_output:  # one rank: the flat *is* the gradient
-                buffers.append(unit._reduce_input)
-            grads.append(unit._reduce_output)
+            if unit.reduction is not None:
+                flat_grad, shard_grad = unit.reduction.buffers  # no_shard: no separate input
+                buffers.append(flat_grad)
+                grads.append(shard_grad)
             grads += [p.grad for p in flat.unsharded_params]
         reducer = getattr(model, "reducer", None)
         if reducer is not None:

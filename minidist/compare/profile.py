@@ -88,11 +88,11 @@ def _nbytes(t: torch.Tensor | None) -> int:
 def profile_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Callable[[nn.Module, list], torch.Tensor],
                  wrap: Iterable[type[nn.Module]] | None, device: str | torch.device = "cpu") -> StepProfile:
     """Forward and backward of `model` (on the meta device) on `batch` (meta tensors), on fake tensors."""
-    from minidist.fsdp.api import _build_units, _is_unit
+    from minidist.fsdp.api import build_units, wrap_predicate
 
     mode = FakeTensorMode()
     fake = _fake_copy(model, mode, torch.device(device))
-    units = _build_units(fake, _is_unit(wrap))
+    units = build_units(fake, wrap_predicate(wrap))
     unit_params = [[info.param for info in infos] for _, _, infos in units]
     prof = StepProfile(unit_numels=[sum(p.numel() for p in ps) for ps in unit_params],
                        unit_param_numels=[[p.numel() for p in ps] for ps in unit_params],

@@ -62,7 +62,7 @@ class MixedPrecisionPolicy:
     reduce_dtype: torch.dtype | None = None
 
 
-def _is_unit(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
+def wrap_predicate(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
     if policy is None:
         return lambda m: False
     if callable(policy) and not isinstance(policy, (set, frozenset, list, tuple)):
@@ -71,7 +71,7 @@ def _is_unit(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
     return lambda m: isinstance(m, classes)
 
 
-def _build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
+def build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
                  ) -> list[tuple[str, nn.Module, list[ParamInfo]]]:
     """Assign every parameter to one unit: the innermost unit holding all its uses.
 
@@ -183,7 +183,7 @@ class FSDP(nn.Module):
                             reduce_dtype)
         self._schedule: Schedule[FSDPUnit] = Schedule(forward_prefetch, backward_prefetch, max_inflight_all_gathers)
         self._units: list[FSDPUnit] = []
-        for name, m, infos in _build_units(module, _is_unit(wrap)):
+        for name, m, infos in build_units(module, wrap_predicate(wrap)):
             flat = FlatParamShard(infos, self.mesh_info.shard_rank, self.mesh_info.shard_world, param_dtype)
             self._units.append(FSDPUnit(m, flat, self.mesh_info, policy, self._schedule, name))
         self._schedule.units = self._units
