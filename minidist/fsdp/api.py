@@ -63,6 +63,7 @@ class MixedPrecisionPolicy:
 
 
 def wrap_predicate(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
+    """`wrap` (module classes, a predicate, or None) as a predicate: is this module its own unit?"""
     if policy is None:
         return lambda m: False
     if callable(policy) and not isinstance(policy, (set, frozenset, list, tuple)):

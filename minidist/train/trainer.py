@@ -109,6 +109,8 @@ def lr_at(step: int, optim_cfg, total_steps: int) -> float:
 def setup(cfg, topo: Topology) -> Run:
     """Build the run on every rank: mesh, model and wrappers, optimizer, data, checkpoints; resume."""
     tc = cfg.trainer
+    if cfg.debug_collectives:
+        comm.set_debug(True)
     mesh = build_mesh(cfg.strategy, topo)
     run_dir = run_dir_for(cfg, topo, mesh)
     torch.manual_seed(tc.seed)
@@ -132,6 +134,7 @@ def setup(cfg, topo: Topology) -> Run:
         (run_dir / PREEMPTED).unlink(missing_ok=True)
     if resumed_from is not None:
         logger.message(f"resumed from step {start} ({resumed_from})")
+    comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
     return Run(cfg, topo, mesh, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info, watch, start)
 
