@@ -27,7 +27,7 @@ from collections import defaultdict
 
 from minidist.comm import CostModel
 from minidist.compare import intervals
-from minidist.compare.analytic import CLOSED_FORM, Layout, backend_bytes, backend_op, busbw_factor, plan, ring_bytes
+from minidist.compare.analytic import CLOSED_FORM, Layout, busbw_factor, plan, ring_bytes
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.profile import StepProfile
 
@@ -68,7 +68,12 @@ def wire_times(records: list[dict], arrived: list[float] | None = None) -> list[
 
 def op_stats(records: list[dict], steps: int, cost: CostModel, backend: str,
              arrived: list[float] | None = None) -> dict[str, dict]:
-    """Per op and step: calls, payload, ring and backend bytes, wire time, algbw, busbw, predicted time."""
+    """Per op and step: calls, payload, ring and backend bytes, wire time, algbw, busbw, predicted time.
+
+    Backend bytes and the prediction follow the collective that really ran (the trace's
+    wire_op / wire_bytes): gloo's own reduce_scatter moves an all_reduce's bytes, the ring
+    minidist.comm runs on gloo by default moves the ring minimum.
+    """
     acc: dict[str, dict] = defaultdict(lambda: dict(calls=0, payload=0, sent=0, backend=0, wire_s=0.0,
                                                     predicted_s=0.0, busbw_num=0.0))
     for r, wire in zip(records, wire_times(records, arrived)):
@@ -76,9 +81,9 @@ def op_stats(records: list[dict], steps: int, cost: CostModel, backend: str,
         a["calls"] += 1
         a["payload"] += r["payload_bytes"]
         a["sent"] += r["sent_bytes"]
-        a["backend"] += backend_bytes(r["op"], r["payload_bytes"], n, backend)
+        a["backend"] += r["wire_bytes"]  # what ran: gloo's native reduce_scatter is an all_reduce, minidist's ring is not
         a["wire_s"] += wire
-        a["predicted_s"] += cost.predict(backend_op(r["op"], backend), r["payload_bytes"], n, "ring")
+        a["predicted_s"] += cost.predict(r["wire_op"], r["payload_bytes"], n, "ring")
         a["busbw_num"] += r["payload_bytes"] * busbw_factor(r["op"], n)
     out = {}
     for op, a in sorted(acc.items()):

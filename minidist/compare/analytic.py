@@ -19,8 +19,9 @@ multiple of the shard group), N ranks, ring model (minidist.comm.trace.ring_byte
     no_shard       one all_reduce per unit                                 2 S (N-1)/N
 
 plus, for the FSDP strategies, the gradient-norm all_reduce of one fp32 scalar when clipping.
-A backend may move more than the logical collective: gloo runs reduce_scatter as an all_reduce
-of the whole input and keeps its chunk (2 S (N-1)/N instead of S (N-1)/N), see backend_bytes.
+A backend may move more than the logical collective: gloo's own reduce_scatter is an all_reduce
+of the whole input that keeps one chunk (2 S (N-1)/N instead of S (N-1)/N). What really ran and
+its bytes come from the trace (Record.wire_op, Record.wire_bytes; minidist.comm.ring on gloo).
 """
 
 from __future__ import annotations
@@ -46,15 +47,6 @@ def busbw_factor(op: str, n: int) -> float:
     if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
     return 1.0  # broadcast, reduce
-
-
-def backend_op(op: str, backend: str) -> str:
-    """The collective the backend really runs: gloo's reduce_scatter is an all_reduce inside."""
-    return "all_reduce" if backend == "gloo" and op == "reduce_scatter" else op
-
-
-def backend_bytes(op: str, payload: int, n: int, backend: str) -> int:
-    return ring_bytes_sent(backend_op(op, backend), payload, n)
 
 
 @dataclass(frozen=True)

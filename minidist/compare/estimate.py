@@ -31,7 +31,8 @@ what the engine holds at that point, by the engine's own rules:
                     still in its reduce_scatter, and the reduced shards of the units done
     optimizer step  complete gradients, plus single-tensor AdamW's temporaries: two tensors
                     the size of the largest parameter (piece) it updates
-    gloo            its reduce_scatter all-reduces a copy of the input: one more padded unit
+    gloo            its native reduce_scatter all-reduces a copy of the input: one more padded unit
+                    (not with minidist's ring, the default on gloo: see minidist.comm.ring)
                     while a unit's post_backward waits for the previous unit's reduction
 
 Assumes, like the engines' defaults, a root unit around a sequence of wrapped blocks.
@@ -48,6 +49,7 @@ import torch.nn as nn
 from minidist.compare.analytic import zero1_partition
 from minidist.compare.memory import ROLES
 from minidist.compare.profile import Sample, StepProfile, profile_step
+from minidist.comm.ring import algorithm_for
 
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "sgd": 1}
 """Parameter-sized state tensors: AdamW's two moments, SGD's momentum buffer. K = that x itemsize
@@ -245,7 +247,7 @@ def estimate_memory(prof: StepProfile | nn.Module, strategy: str, world: int, dt
     if strategy in FSDP_NAMES and lay.full and any(lay.full):
         last = _last_backward_samples(prof)
         instants += [("backward", _at_post_backward(prof, s, strategy, lay, prefetch)) for s in last]
-        if backend == "gloo":
+        if backend == "gloo" and algorithm_for("gloo") == "native":  # minidist's ring keeps no clone
             instants += [("backward", _at_wait_previous(prof, s, strategy, lay, prefetch)) for s in last]
     instants.append(("optimizer", _at_optimizer(prof, strategy, lay)))
     for where, roles in instants:

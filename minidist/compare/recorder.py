@@ -78,9 +78,10 @@ class StepRecorder:
         """The trace's records as plain dicts, times in seconds since t0."""
         out = []
         for r in trace.records:
-            futureless = r.async_op and r.op == "reduce_scatter" and backend == "gloo"
+            futureless = r.async_op and r.op == "reduce_scatter" and backend == "gloo" and r.algorithm == "native"
             out.append({"strategy": self.strategy, "op": r.op, "group": r.group, "group_size": r.group_size,
                         "dtype": r.dtype, "payload_bytes": r.payload_bytes, "sent_bytes": r.sent_bytes,
+                        "algorithm": r.algorithm, "wire_op": r.wire_op or r.op, "wire_bytes": r.wire_bytes,
                         "async_op": r.async_op, "issued": r.issued_s - self.t0,
                         "completed": None if r.completed_s is None else r.completed_s - self.t0,
                         "completion": "wait" if futureless else "future" if r.async_op else "sync"})

@@ -35,7 +35,7 @@ def _backend_note(row: dict) -> str:
     if row["backend_bytes"] == row["ring_bytes"]:
         return "same"
     if row["backend"] == "gloo" and "reduce_scatter" in row["ops"]:
-        return f"{row['backend_bytes'] / MB:.2f} (gloo RS = AR)"
+        return f"{row['backend_bytes'] / MB:.2f} (gloo's native RS = AR)"
     return f"{row['backend_bytes'] / MB:.2f}"
 
 
