@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> None:
     from minidist.train.compose import ConfigError
 
     parser = get_args_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_cfg_means_job(sys.argv[1:] if argv is None else list(argv)))
     try:
         cfgs = _check_jobs(args)
     except ConfigError as exc:
@@ -97,6 +97,16 @@ def main(argv: list[str] | None = None, callbacks=()) -> None:
     except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
         runtime.exit_on_error(exc)
     runtime.exit_process(0)  # the process group is gone; skip a teardown that can abort (see there)
+
+
+def _cfg_means_job(argv: list[str]) -> list[str]:
+    """A bare `--cfg` (minidist's older spelling) is Hydra's `--cfg job`."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in ("--cfg", "-c") and (i + 1 == len(argv) or argv[i + 1] not in ("job", "hydra", "all")):
+            out.append("job")
+    return out
 
 
 def _check_jobs(args) -> list:

@@ -59,6 +59,9 @@ def _one_line(exc: BaseException) -> str:
         cause = cause.__cause__ or cause.__context__  # the OmegaConf error that names the key
     key = getattr(cause, "full_key", None)
     obj = getattr(cause, "object_type", None)
+    if str(exc).startswith("Multiple values for "):  # `+group=choice` for a group the defaults list has
+        group = str(exc).split()[3].rstrip(".")
+        return f"{group} is in the defaults list already: choose with {group}=<choice> (no '+')"
     if isinstance(exc, MissingConfigException) or "Could not find" in str(exc):
         text = str(exc)
         head = text.splitlines()[0]

@@ -40,6 +40,7 @@ def test_help_lists_groups_and_options(capsys):
 def test_cfg_and_info_are_hydras(capsys):
     job = OmegaConf.create(_info(capsys, "--cfg", "job", "experiment=gpt_tiny"))
     assert job.model.n_layer == 2 and "hydra" not in job
+    assert OmegaConf.create(_info(capsys, "--cfg", "strategy=zero1")).strategy.name == "zero1"  # bare --cfg
     hydra = OmegaConf.create(_info(capsys, "--cfg", "hydra"))
     assert hydra.hydra.job.chdir is False and hydra.hydra.output_subdir is None
     assert hydra.hydra.launcher._target_.endswith("MinidistLauncher")
@@ -60,6 +61,7 @@ def test_cfg_and_info_are_hydras(capsys):
     (["--multirun", "model.n_layer=2,x"], "model.n_layer"),
     (["-cp", "/tmp"], "--config-dir"),
     (["model.n_layer=[1"], "model.n_layer"),
+    (["+experiment=gpt_tiny"], "experiment=<choice> (no '+')"),
 ])
 def test_command_line_mistakes_are_one_line(argv, expect):
     with pytest.raises(ConfigError) as info:
