@@ -1,4 +1,4 @@
-# Two commands: `make train` (the main job) and `make test` (the whole suite).
+# Two commands: `make train` (the main job) and `make test` (the whole suite); `make docs` builds the site.
 # Both create .venv on first use and reuse it afterwards.
 VENV  := .venv
 PY    := $(VENV)/bin/python
@@ -6,7 +6,7 @@ STAMP := $(VENV)/.minidist-installed
 # Processes per node: every GPU when nvidia-smi sees some (nccl), else 2 CPU processes (gloo).
 NPROC ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$${n:-0}" -gt 0 ] && echo $$n || echo 2)
 
-.PHONY: train test tour
+.PHONY: train test tour docs docs-serve
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -21,3 +21,9 @@ test: $(STAMP)
 
 tour: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) recipes/collectives_tour.py
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve

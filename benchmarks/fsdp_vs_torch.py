@@ -1,6 +1,6 @@
 """minidist.FSDP against torch's fully_shard (FSDP2): step time and peak memory.
 
-    .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_vs_torch.py
+    .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_vs_torch.py [--reduce-scatter native,ring]
     .venv/bin/torchrun --standalone --nproc_per_node=N benchmarks/fsdp_vs_torch.py --mode memory   # N = 1, 2, 4
     .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_vs_torch.py --mode overlap
 
@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from minidist import comm
 from minidist.fsdp import FSDP
 from minidist.models.gpt import GPT, Block, GPTConfig
 
@@ -162,25 +163,38 @@ def reduce_max(value: float) -> float:
     return t.item()
 
 
-def speed(rounds: int, steps: int) -> None:
-    engines = {e: build(e) for e in ("minidist", "torch")}
-    for model, opt in engines.values():  # warm-up (records minidist's prefetch order)
-        timed_steps(model, opt, 2, 0)
+def speed(rounds: int, steps: int, algorithms: list[str]) -> None:
+    """Alternating rounds; one minidist engine per reduce_scatter algorithm (comm.reduce_scatter_algorithm)."""
+    engines = {(f"minidist[{a}]" if len(algorithms) > 1 else "minidist"): (*build("minidist"), a) for a in algorithms}
+    engines["torch"] = (*build("torch"), None)
+
+    def algorithm(e: str):  # torch's FSDP2 calls torch.distributed directly: unaffected
+        return comm.reduce_scatter_algorithm(engines[e][2] or "auto")
+
+    for e in engines:  # warm-up (records minidist's prefetch order)
+        with algorithm(e):
+            timed_steps(*engines[e][:2], 2, 0)
     times: dict[str, list[float]] = {e: [] for e in engines}
     for r in range(rounds):
         order = list(engines) if r % 2 == 0 else list(engines)[::-1]
         for e in order:
-            times[e] += timed_steps(*engines[e], steps, 10 + r * steps)
+            with algorithm(e):
+                times[e] += timed_steps(*engines[e][:2], steps, 10 + r * steps)
     med = {e: reduce_max(statistics.median(t)) for e, t in times.items()}
-    peak = {e: reduce_max(peak_bytes(*engines[e], 999)) for e in engines}
+    peak = {}
+    for e in engines:
+        with algorithm(e):
+            peak[e] = reduce_max(peak_bytes(*engines[e][:2], 999))
     if dist.get_rank() == 0:
         psi = sum(p.numel() for p in GPT(CFG).parameters())
         print(f"GPT {psi / 1e6:.2f}M params, world {dist.get_world_size()}, gloo/CPU, "
               f"{rounds} alternating rounds x {steps} steps")
         for e in engines:
-            print(f"  {e:<9} median step {med[e] * 1e3:8.1f} ms   peak {peak[e] / 2**20:8.2f} MiB/rank")
-        print(f"step-time ratio minidist/torch: {med['minidist'] / med['torch']:.3f}")
-        print(f"peak-memory ratio minidist/torch: {peak['minidist'] / peak['torch']:.3f}")
+            print(f"  {e:<16} median step {med[e] * 1e3:8.1f} ms   peak {peak[e] / 2**20:8.2f} MiB/rank")
+        for e in engines:
+            if e != "torch":
+                print(f"step-time ratio {e}/torch: {med[e] / med['torch']:.3f}   "
+                      f"peak-memory ratio {e}/torch: {peak[e] / peak['torch']:.3f}")
 
 
 def memory() -> None:
@@ -202,12 +216,14 @@ def main() -> None:
     ap.add_argument("--mode", choices=("speed", "memory", "overlap"), default="speed")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--reduce-scatter", default="auto",
+                    help="minidist's reduce_scatter algorithm(s), comma-separated, e.g. native,ring: one engine each")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     try:
         if args.mode == "speed":
-            speed(args.rounds, args.steps)
+            speed(args.rounds, args.steps, args.reduce_scatter.split(","))
         elif args.mode == "overlap":
             overlap(args.steps * 2)
         else:

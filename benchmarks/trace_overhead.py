@@ -27,18 +27,22 @@ def main() -> None:
         x = torch.zeros(1)
         variants = {
             "torch.distributed.all_reduce": lambda: dist.all_reduce(x),
-            "minidist.comm.all_reduce, no trace": lambda: comm.all_reduce(x),
+            "minidist.comm.all_reduce": lambda: comm.all_reduce(x),
+            "torch.distributed.all_reduce, async": lambda: dist.all_reduce(x, async_op=True).wait(),
+            "minidist.comm.all_reduce, async": lambda: comm.all_reduce(x, async_op=True).wait(),
         }
-        samples = {name: [] for name in [*variants, "minidist.comm.all_reduce, traced"]}
+        samples = {f"{name}{suffix}": [] for name in variants for suffix in ("", ", traced")
+                   if name.startswith("minidist") or not suffix}
         for _ in range(7):
             for name, fn in variants.items():
                 samples[name].append(per_call_us(fn))
-            with comm.trace():
-                samples["minidist.comm.all_reduce, traced"].append(per_call_us(lambda: comm.all_reduce(x)))
-        base = statistics.median(samples["torch.distributed.all_reduce"])
+                if name.startswith("minidist"):
+                    with comm.trace():
+                        samples[f"{name}, traced"].append(per_call_us(fn))
         for name, s in samples.items():
+            base = statistics.median(samples["torch.distributed.all_reduce" + (", async" if "async" in name else "")])
             med = statistics.median(s)
-            print(f"{name:40} {med:8.2f} us/call   {med - base:+7.2f} us vs torch")
+            print(f"{name:48} {med:8.2f} us/call   {med - base:+7.2f} us vs torch")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,13 @@ silently different answer:
     SUM, then divide by the group size.
   * reduce_scatter on a backend without it (older gloo): all_reduce a copy of the
     input, then keep this rank's chunk. Same result, twice the wire traffic.
+
+reduce_scatter chooses its algorithm (algorithm="auto" | "native" | "ring", None = the
+process default of minidist.comm.ring.set_reduce_scatter_algorithm): gloo's own
+reduce_scatter is an all_reduce inside (each rank sends 2 S (N-1)/N, twice the ring
+minimum), so "auto" runs minidist.comm.ring's point-to-point ring on gloo (S (N-1)/N)
+and the backend's collective elsewhere (NCCL's is a ring already). The trace records
+which ran and the bytes it really sends (Record.algorithm, Record.wire_bytes).
 PREMUL_SUM is not offered: it exists on NCCL only; scale, then SUM.
 
 Each call is recorded by every active minidist.comm.trace().
@@ -41,7 +48,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from minidist.comm import ring as _ring
 from minidist.comm import trace as _trace
+from minidist.comm.groups import global_rank
 
 Group = dist.ProcessGroup | None
 # Reduce ops every backend here computes natively, plus AVG through the fallback.
@@ -95,11 +104,6 @@ def _is_gloo(group: Group) -> bool:
     return dist.get_backend(group) == "gloo"
 
 
-def global_rank(group: Group, group_rank: int) -> int:
-    """The global rank of member `group_rank` of `group` (None = the world, where they coincide)."""
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-
 def _root(rank: int, group_rank: int | None, group: Group) -> int:
     """The global rank of a collective's root, given as a global `rank` or as a `group_rank`."""
     return rank if group_rank is None else global_rank(group, group_rank)
@@ -111,12 +115,12 @@ def _check_op(op) -> None:
 
 
 def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call: Callable,
-           is_root: bool = False):
+           is_root: bool = False, algorithm: str = "native"):
     """Run one collective; if a trace is active, record it with its issue time."""
     if not _trace._ACTIVE:
         return call()
     issued = time.perf_counter()
-    return _trace.record(op, tensor, numel, group, call(), issued, is_root=is_root)
+    return _trace.record(op, tensor, numel, group, call(), issued, is_root=is_root, algorithm=algorithm)
 
 
 def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], object], async_op: bool):
@@ -191,19 +195,22 @@ def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op=ReduceOp.SUM, *,
-                   group: Group = None, async_op: bool = False):
+                   group: Group = None, async_op: bool = False, algorithm: str | None = None):
     """Reduce `input` across ranks and leave chunk `rank` of the result in `output`.
 
     `input` is one tensor of N * output.numel() elements (chunk r = rows r*k..(r+1)*k)
-    or a list of N tensors shaped like `output`.
+    or a list of N tensors shaped like `output`. `algorithm`: see the module docstring.
     """
     _check_op(op)
     n = _size(group)
     flat = input if isinstance(input, torch.Tensor) else torch.cat([t.reshape(-1) for t in input])
     if flat.numel() != output.numel() * n:
         raise ValueError(f"reduce_scatter: input has {flat.numel()} elements, expected {n} x {output.numel()}")
+    impl = _ring.choose(algorithm, group, flat)
 
     def run(real_op):
+        if impl == "ring":
+            return _ring.ring_reduce_scatter(output, flat, group, async_op, real_op)
         try:
             return _reduce_scatter_single(output, flat.view_as(flat), real_op, group=group, async_op=async_op)
         except RuntimeError as e:
@@ -212,11 +219,11 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Te
             return _reduce_scatter_by_all_reduce(output, flat, real_op, group, async_op)
 
     def call():
-        if op == ReduceOp.AVG and _is_gloo(group):
+        if op == ReduceOp.AVG and (impl == "ring" or _is_gloo(group)):
             return _avg_via_sum(output, group, run, async_op)
         return run(op)
 
-    return _issue("reduce_scatter", output, flat.numel(), group, call)
+    return _issue("reduce_scatter", output, flat.numel(), group, call, algorithm=impl)
 
 
 def _reduce_scatter_by_all_reduce(output, flat, op, group, async_op):

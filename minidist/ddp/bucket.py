@@ -31,6 +31,7 @@ fills before an earlier one waits in FULL until the earlier one has launched.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -39,6 +40,36 @@ import torch.nn as nn
 MiB = 1024 * 1024
 FIRST_BUCKET_BYTES = 1 * MiB
 """torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: the cap of the first bucket."""
+
+
+DEFAULT_BUCKET_CAP_MB = 25.0
+"""torch's DDP default bucket_cap_mb."""
+
+
+@dataclass(frozen=True)
+class ReducerPolicy:
+    """How gradients are bucketed and reduced (the knobs of torch's DDP, grouped; read by the Reducer)."""
+
+    bucket_cap_mb: float | None = None
+    """None: torch's default, 25 MiB buckets after a first one of 1 MiB."""
+    find_unused_parameters: bool = False
+    """Tolerate parameters without a gradient: one int32-per-parameter all_reduce per synced backward."""
+    gradient_as_bucket_view: bool = False
+    """p.grad becomes a view into its bucket: one gradient-sized buffer and one copy fewer."""
+
+    def __post_init__(self):
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise ValueError(f"DDP: bucket_cap_mb={self.bucket_cap_mb} must be > 0, or None for torch's default "
+                             f"(25 MiB buckets after a 1 MiB first one)")
+
+    @property
+    def bucket_cap_bytes(self) -> int:
+        return max(1, int((DEFAULT_BUCKET_CAP_MB if self.bucket_cap_mb is None else self.bucket_cap_mb) * MiB))
+
+    @property
+    def first_bucket_bytes(self) -> int:
+        """Small only by default, as in torch: an explicit bucket_cap_mb caps every bucket alike."""
+        return min(FIRST_BUCKET_BYTES, self.bucket_cap_bytes) if self.bucket_cap_mb is None else self.bucket_cap_bytes
 
 
 def assign_buckets(params: Sequence[nn.Parameter], bucket_cap_bytes: int,
@@ -126,10 +157,6 @@ class Bucket:
 
     def is_last(self) -> bool:
         return self._is_last
-
-    @property
-    def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
 
     # transitions
     def mark_ready(self) -> bool:

@@ -11,8 +11,10 @@ What happens where:
     parameters and buffers are broadcast so every replica starts identical;
     a Reducer (reducer.py) buckets the trainable parameters and hooks them.
   * forward: buffers (BatchNorm running statistics) are broadcast from rank 0,
-    so every replica normalises with the same statistics; the reducer learns
-    whether this iteration syncs (see no_sync) and, once, rebuilds its buckets.
+    so every replica normalises with the same statistics; the reducer is told
+    whether the coming backward syncs (require_backward_grad_sync, False under
+    no_sync) and, once, rebuilds its buckets. Inside join() (join.py) each
+    forward first agrees with the other ranks on who still has inputs.
   * backward: the reducer's hooks overlap the all_reduce with backward.
 """
 
@@ -28,8 +30,10 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
-from minidist.ddp.comm_hooks import CommHook
-from minidist.ddp.reducer import Reducer, ReducerPolicy
+from minidist.ddp.bucket import ReducerPolicy
+from minidist.ddp.comm_hooks import CommHook, default_state
+from minidist.ddp.join import Agreement, Join
+from minidist.ddp.reducer import Reducer
 from minidist.mesh import group_of
 
 
@@ -37,12 +41,16 @@ class DDP(nn.Module):
     """Data parallelism: replicate `module`, average gradients with bucketed async all_reduce.
 
     Arguments mirror torch.nn.parallel.DistributedDataParallel: the replicas are
-    `process_group`'s ranks or those of the 1-D `device_mesh` (neither = the world). `comm_hook`
-    (hook(state, bucket) -> Future[Tensor], see comm_hooks.py) replaces the
-    default average (each gradient divided by N as it is copied into its
-    bucket, then all_reduce SUM); its state is the process group.
-    ``bucket_cap_mb=None`` means torch's default: 25 MiB buckets after a first
-    one of 1 MiB; an explicit value caps every bucket, the first included (as torch).
+    `process_group`'s ranks or those of the 1-D `device_mesh` (neither = the world).
+    ``comm_hook`` (hook(state, bucket) -> Future[Tensor], see comm_hooks.py) is
+    registered with the hook's default state (comm_hooks.default_state: the process
+    group, or what the hook's declared factory builds, e.g. PowerSGDState) and
+    replaces the default average (each gradient divided by N as it is copied into
+    its bucket, then all_reduce SUM). ``bucket_cap_mb=None`` means torch's default:
+    25 MiB buckets after a first one of 1 MiB; an explicit value caps every bucket,
+    the first included (as torch). ``find_unused_parameters=True`` tolerates
+    parameters without a gradient at the price of one all_reduce of a 4-byte-per-
+    parameter bitmap per synced backward (no graph walk; see reducer.py).
     """
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
@@ -54,7 +62,9 @@ class DDP(nn.Module):
         self.process_group = process_group = group_of("DDP", process_group, device_mesh)
         self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True
-        """False inside no_sync(): the next backward only accumulates locally."""
+        """torch's name and meaning: read by each forward; False (no_sync) = its backward only accumulates."""
+        self._join: Join | None = None
+        """The active join() block, if any."""
         named = list(module.named_parameters())  # tied parameters appear once
         self._buffers_to_sync = [b for b in module.buffers()]
         _verify_same_model(named, list(module.named_buffers()), process_group)
@@ -65,10 +75,14 @@ class DDP(nn.Module):
         policy = ReducerPolicy(bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view)
         self.reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], policy, process_group)
         if comm_hook is not None:
-            self.register_comm_hook(process_group, comm_hook)
+            self.register_comm_hook(default_state(comm_hook, process_group), comm_hook)
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
-        """Reduce every bucket with hook(state, bucket) -> Future[Tensor] (the average) from now on."""
+        """Reduce every bucket with hook(state, bucket) -> Future[Tensor] from now on (once, before backward).
+
+        torch's contract: the hook receives this rank's plain local gradients and
+        returns their average over the ranks; p.grad ends as that average.
+        """
         self.reducer.set_comm_hook(state, hook)
 
     @contextlib.contextmanager
@@ -86,19 +100,71 @@ class DDP(nn.Module):
         finally:
             self.require_backward_grad_sync = old
 
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True) -> Iterator[Join | None]:
+        """Uneven inputs (torch's DDP.join): a rank out of batches shadows the others until all are.
+
+        Each forward inside costs one small all_reduce (who is still active); a
+        joined rank contributes zero gradients, and the average divides by N
+        (divide_by_initial_world_size=True, torch's default) or by the ranks with
+        inputs (False). On leaving, every rank holds the last active ranks'
+        parameters and buffers. Semantics and limits: join.py.
+        """
+        if not enable:
+            yield None
+            return
+        if self._join is not None:
+            raise RuntimeError("DDP.join() blocks do not nest")
+        self._join = join = Join(self, divide_by_initial_world_size=divide_by_initial_world_size)
+        try:
+            yield join
+        finally:
+            self._join = None
+        join.finish()  # not after an exception: that propagates from the yield
+
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled():
-            self.reducer.prepare_for_forward(sync=self.require_backward_grad_sync)
-        if self.broadcast_buffers and self._buffers_to_sync:
-            self._broadcast(self._buffers_to_sync)
+        grad_enabled = torch.is_grad_enabled()
+        if self._join is None:
+            self._before_forward(grad_enabled, self.require_backward_grad_sync)
+        else:
+            a = self._join.notify(grad_enabled=grad_enabled, require_backward_grad_sync=self.require_backward_grad_sync)
+            self._before_forward(grad_enabled, self.require_backward_grad_sync, source=a.source,
+                                 divisor=self._join.divisor(a))
         return self.module(*args, **kwargs)
 
-    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        """Overwrite `tensors` with rank 0's (of the group), all launched before any wait."""
+    def _before_forward(self, grad_enabled: bool, require_backward_grad_sync: bool, *, source: int = 0,
+                        divisor: int | None = None) -> None:
+        """The collectives before a forward, the same on every rank: the bucket rebuild, the buffers.
+
+        `source` (the rank whose state is taken) and `divisor` differ from the defaults only under join().
+        """
+        if grad_enabled:
+            self.reducer.prepare_for_forward(require_backward_grad_sync, source=source, divisor=divisor)
+        if self.broadcast_buffers and self._buffers_to_sync:
+            self._broadcast(self._buffers_to_sync, source)
+
+    # Joinable (join.py): what a rank that ran out of inputs does
+    def join_device(self) -> torch.device:
+        return self.reducer.device
+
+    def join_main_hook(self, agreement: Agreement) -> None:
+        """One iteration of the active ranks, shadowed: their forward's collectives, then zero gradients."""
+        self._before_forward(agreement.grad_enabled, agreement.require_backward_grad_sync,
+                             source=agreement.source)
+        if agreement.grad_enabled and agreement.require_backward_grad_sync:
+            self.reducer.shadow_backward()
+
+    def join_post_hook(self, source: int) -> None:
+        """Every rank has joined: all take `source`'s parameters and buffers (it stepped last)."""
+        self._broadcast([p.detach() for p in self.module.parameters()] + self._buffers_to_sync, source)
+
+    def _broadcast(self, tensors: list[torch.Tensor], source: int = 0) -> None:
+        """Overwrite `tensors` with group rank `source`'s, all launched before any wait."""
         if dist.get_world_size(self.process_group) == 1:
             return
         with torch.no_grad():
-            works = [comm.broadcast(t, group=self.process_group, group_src=0, async_op=True) for t in tensors]
+            works = [comm.broadcast(t, group=self.process_group, group_src=source, async_op=True)
+                     for t in tensors]
             for w in works:
                 w.wait()
 

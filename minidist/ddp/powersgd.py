@@ -3,8 +3,12 @@
 Vogels et al., "PowerSGD: Practical Low-Rank Gradient Compression" (2019);
 torch's ``ddp_comm_hooks/powerSGD_hook.py``, simplified. Use it like any hook:
 
-    state = PowerSGDState(process_group=None, matrix_approximation_rank=1)
+    state = PowerSGDState(process_group=model.process_group, matrix_approximation_rank=1)
     model.register_comm_hook(state, powersgd_hook)
+
+or let DDP build the default state (rank 1, DDP's process group):
+``DDP(net, comm_hook=powersgd_hook)``, which is also what the recipe's
+``strategy.comm_hook=minidist.ddp.powersgd:powersgd_hook`` does.
 
 Why it saves bytes. A gradient matrix M (n x m, viewed so for any tensor of
 ndim >= 2) is replaced by two thin factors: P = M Q (n x r) and Q = M^T P
@@ -54,7 +58,7 @@ import torch.distributed as dist
 
 from minidist import comm
 from minidist.ddp.bucket import Bucket
-from minidist.ddp.comm_hooks import allreduce_hook
+from minidist.ddp.comm_hooks import allreduce_hook, state_factory
 
 
 @dataclass
@@ -118,13 +122,18 @@ def _memory(state: PowerSGDState, bucket: Bucket) -> _BucketMemory:
     return mem
 
 
+@state_factory(lambda process_group: PowerSGDState(process_group=process_group))
 def powersgd_hook(state: PowerSGDState, bucket: Bucket) -> torch.futures.Future:
     """Reduce ``bucket`` to the rank-r PowerSGD approximation of its average.
 
-    The bucket holds this rank's plain gradient sums (a registered hook divides
+    The bucket holds this rank's plain local gradients (every hook divides by N
     itself). Returns a completed future whose value is the bucket's buffer,
     overwritten in place with the averaged approximation.
     """
+    if not isinstance(state, PowerSGDState):
+        raise TypeError(f"powersgd_hook needs a PowerSGDState, got {type(state).__name__}: register it as "
+                        f"register_comm_hook(PowerSGDState(process_group=...), powersgd_hook), or pass "
+                        f"DDP(..., comm_hook=powersgd_hook) to get the default state")
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
         return allreduce_hook(state.process_group, bucket)

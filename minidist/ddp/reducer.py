@@ -6,12 +6,14 @@ Follow one gradient:
    hook (registered below) -> ``_on_grad_ready(i)``;
 2. ``_mark_ready(i)`` copies ``p.grad`` into its slot of its bucket's flat
    buffer (or, with gradient_as_bucket_view, ``p.grad`` already *is* that
-   slot) and counts the bucket down. With the default hook the copy also
+   slot) and counts the bucket down. With no hook registered the copy also
    divides by N (one fused pass: the sum of the scaled gradients is the mean);
-   a registered hook gets plain sums and divides itself;
+   a registered hook gets the plain local gradients and divides itself
+   (comm_hooks.py: why the pre-divided path is not a registrable hook);
 3. when the count hits zero the bucket is FULL, and ``_launch_full_buckets``
-   hands every FULL bucket, in bucket order, to the comm hook, which starts an
-   async all_reduce and returns a future. Backward keeps running meanwhile;
+   hands every FULL bucket, in bucket order, to the comm hook (or the default
+   all_reduce), which starts async communication and returns a future.
+   Backward keeps running meanwhile;
 4. at the end of backward the autograd engine runs ``_finalize_backward``
    (queued with ``Variable._execution_engine.queue_callback`` by the first
    hook of the backward): it completes unused parameters, waits on every
@@ -34,50 +36,61 @@ bucket 1 and rank 1 the other way round, they would sum different buckets.
 Why rebuild the buckets once: the initial reverse-registration order is only a
 guess of the order in which gradients become ready. The first backward records
 the real order; before the next forward the buckets are rebuilt in that order
-(rank 0's, broadcast, so every rank builds the same buckets).
+(rank 0's, or under join the first rank still with inputs: broadcast, so
+every rank builds the same buckets).
+
+Whether a backward reduces is decided by the forward before it (DDP passes
+its ``require_backward_grad_sync``, False under no_sync): the reducer is then
+ARMED (hooks fill buckets) or LOCAL (hooks only note which parameters got a
+gradient; p.grad accumulates), and REDUCING from the first hook of an armed
+backward to ``_finalize_backward``.
 
 No host synchronisation on the hot path: copies, zero fills and the launch are
 all device ops; the only waits are the futures at the end of backward (on
-NCCL, a stream wait). find_unused_parameters adds one small blocking
-all_reduce of a "used" bitmap at the end of backward, as in torch.
+NCCL, a stream wait). find_unused_parameters costs no graph walk (torch walks
+the autograd graph from the outputs after each forward): the end of backward
+already knows which hooks did not fire. It adds one blocking all_reduce of an
+int32 "used" bitmap (4 bytes per parameter tensor) at the end of each synced
+backward, so that a parameter used on some rank only is averaged everywhere.
 """
 
 from __future__ import annotations
 
+import enum
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import comm
-from minidist.ddp.bucket import FIRST_BUCKET_BYTES, Bucket, BucketState, MiB, assign_buckets
-from minidist.ddp.comm_hooks import presummed_allreduce_hook
+from minidist.ddp.bucket import Bucket, BucketState, ReducerPolicy, assign_buckets
+from minidist.ddp.comm_hooks import CommHook
 
 
-DEFAULT_BUCKET_CAP_MB = 25.0
-"""torch's DDP default bucket_cap_mb."""
+class ReducerState(enum.Enum):
+    LOCAL = "local"          # the last forward ran under no_sync: backward accumulates p.grad locally
+    ARMED = "armed"          # the next backward reduces (its first hook starts REDUCING)
+    REDUCING = "reducing"    # a reducing backward is under way; _finalize_backward is queued
 
 
-@dataclass(frozen=True)
-class ReducerPolicy:
-    """How gradients are bucketed and reduced (the knobs of torch's DDP, grouped)."""
+def _allreduce_presummed(state, bucket: Bucket) -> torch.futures.Future:
+    """The default reduction: all_reduce(SUM) of gradients divided by N on their way into the bucket.
 
-    bucket_cap_mb: float | None = None
-    """None: torch's default, 25 MiB buckets after a first one of 1 MiB."""
-    find_unused_parameters: bool = False
-    gradient_as_bucket_view: bool = False
+    Private on purpose (comm_hooks.py). It declares `_DIVIDED_INPUT`, so even if a
+    user registers it, the reducer keeps dividing while copying and p.grad stays
+    the average. The Work's own future (its value is [bucket.buffer()], reduced
+    in place): no Python continuation runs on the communication thread (see
+    above: why copy at the end).
+    """
+    group = state if isinstance(state, dist.ProcessGroup) else None
+    return comm.all_reduce(bucket.buffer(), comm.ReduceOp.SUM, group=group, async_op=True).get_future()
 
-    @property
-    def bucket_cap_bytes(self) -> int:
-        return max(1, int((DEFAULT_BUCKET_CAP_MB if self.bucket_cap_mb is None else self.bucket_cap_mb) * MiB))
 
-    @property
-    def first_bucket_bytes(self) -> int:
-        """Small only by default, as in torch: an explicit bucket_cap_mb caps every bucket alike."""
-        return min(FIRST_BUCKET_BYTES, self.bucket_cap_bytes) if self.bucket_cap_mb is None else self.bucket_cap_bytes
+_DIVIDED_INPUT = "_minidist_divided_input"
+"""A hook with this attribute True gets gradients already divided (by N, or under join the divisor)."""
+setattr(_allreduce_presummed, _DIVIDED_INPUT, True)
 
 
 class Reducer:
@@ -90,12 +103,16 @@ class Reducer:
         self.names = names
         self.policy = policy
         self.group = process_group
-        self.comm_hook: Callable[[Any, Bucket], torch.futures.Future] = presummed_allreduce_hook
+        self.world_size = dist.get_world_size(process_group)
+        self.comm_hook: CommHook = _allreduce_presummed
         self.hook_state: Any = process_group
-        self._prescale: float | None = 1.0 / dist.get_world_size(process_group)
-        """With the default hook, gradients are divided by N on their way into the bucket."""
-        self.sync = True
-        """Whether the coming backward reduces (False under DDP.no_sync())."""
+        self._hook_registered = False
+        self._prescale: float | None = None
+        """Hook with divided input: each gradient is multiplied by this on its way into the bucket."""
+        self._postscale: float | None = None
+        """Other hooks, under join(divide_by_initial_world_size=False): N / ranks with inputs."""
+        self._set_divisor(self.world_size)
+        self.state = ReducerState.ARMED
         self.buckets: list[Bucket] = []
         self._slot: list[tuple[int, int]] = []
         """Parameter i lives in buckets[b].views[j] for (b, j) = _slot[i]."""
@@ -103,7 +120,6 @@ class Reducer:
         self._used = [False] * len(params)
         """Got a gradient since the last synced backward (no_sync iterations included)."""
         self._next_launch = 0
-        self._in_backward = False
         self._backwards_started = 0
         self._ready_order: list[int] = []
         """Parameter indices in the order their gradients became ready, in the first synced backward."""
@@ -111,7 +127,8 @@ class Reducer:
         self.num_rebuilds = 0
         self._build(list(reversed(range(len(params)))))
         ref = weakref.ref(self)  # hooks must not keep a discarded DDP alive
-        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(params)]
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(_make_hook(ref, i))
 
     # ---------------------------------------------------------------- layout
     def _build(self, order: list[int]) -> None:
@@ -136,27 +153,41 @@ class Reducer:
         b, j = self._slot[i]
         return self.buckets[b].views[j]
 
+    @property
+    def device(self) -> torch.device:
+        return self.buckets[0].flat.device
+
     def bucket_param_names(self) -> list[list[str]]:
         return [[self.names[i] for i in b.param_ids] for b in self.buckets]
 
-    def prepare_for_forward(self, sync: bool) -> None:
-        """Called by DDP.forward: rebuild buckets once in ready order, remember whether to sync."""
-        self.sync = sync
+    def prepare_for_forward(self, require_backward_grad_sync: bool, *, source: int = 0,
+                            divisor: int | None = None) -> None:
+        """Called by DDP before a forward with grad enabled: rebuild buckets once, arm or disarm the backward.
+
+        `source`: the group rank whose recorded order the rebuild uses; `divisor`: the
+        number of ranks the coming average divides by (None: all N). Both differ
+        from the defaults only under DDP.join.
+        """
+        if self.state is ReducerState.REDUCING:  # the last backward raised before its end: forget it
+            self._abandon()
+            self._reset_iteration()
         if self.num_rebuilds == 0 and self._order_done:
-            order = torch.tensor(self._ready_order, dtype=torch.int64)
-            order = order.to(self.buckets[0].flat.device)  # NCCL only moves device tensors
-            comm.broadcast(order, group=self.group, group_src=0)  # everyone builds rank 0's buckets
+            order = torch.tensor(self._ready_order or [0] * len(self.params), dtype=torch.int64)
+            order = order.to(self.device)  # NCCL only moves device tensors
+            comm.broadcast(order, group=self.group, group_src=source)  # everyone builds one rank's buckets
             self._build(order.tolist())
             self.num_rebuilds += 1
             self._ready_order = []
+        self._set_divisor(self.world_size if divisor is None else divisor)
+        self.state = ReducerState.ARMED if require_backward_grad_sync else ReducerState.LOCAL
 
     # ---------------------------------------------------------------- backward
     def _on_grad_ready(self, i: int) -> None:
         self._used[i] = True
-        if not self.sync:
+        if self.state is ReducerState.LOCAL:
             return  # no_sync: p.grad just accumulates locally
-        if not self._in_backward:
-            self._in_backward = True
+        if self.state is ReducerState.ARMED:
+            self.state = ReducerState.REDUCING
             self._backwards_started += 1
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
         self._mark_ready(i)
@@ -195,9 +226,10 @@ class Reducer:
             bucket.launch(self.comm_hook(self.hook_state, bucket))
             self._next_launch += 1
 
-    def _finalize_backward(self) -> None:
+    def _finalize_backward(self, write_grads: bool = True) -> None:
         """End of backward: complete the unused, wait for every bucket, write the averages to p.grad."""
         try:
+            self._launch_full_buckets()  # a no-op unless shadow_backward filled them
             missing = [i for i, r in enumerate(self._ready) if not r]
             if missing and not self.policy.find_unused_parameters:
                 names = ", ".join(f"'{self.names[i]}'" for i in missing[:8]) + (" ..." if len(missing) > 8 else "")
@@ -212,6 +244,10 @@ class Reducer:
             globally_used = self._globally_used() if self.policy.find_unused_parameters else None
             for bucket in self.buckets:
                 bucket.finish()
+                if not write_grads:
+                    continue
+                if self._postscale is not None:
+                    bucket.flat.mul_(self._postscale)
                 for i, view in zip(bucket.param_ids, bucket.views):
                     if globally_used is None or globally_used[i]:  # unused by every rank: p.grad stays
                         self._write_grad(self.params[i], view)       # as it is, as in one process
@@ -222,14 +258,35 @@ class Reducer:
             self._abandon()  # wait out launched work, so the next iteration starts clean
             raise
         finally:
-            self._ready = [False] * len(self.params)
-            self._used = [False] * len(self.params)
-            self._next_launch = 0
-            self._in_backward = False
+            self._reset_iteration()
+
+    def _reset_iteration(self) -> None:
+        self._ready = [False] * len(self.params)
+        self._used = [False] * len(self.params)
+        self._next_launch = 0
+        self.state = ReducerState.ARMED  # until the next forward decides otherwise
+
+    def shadow_backward(self) -> None:
+        """A joined rank's half of an armed backward (DDP.join): every collective, with zeros.
+
+        The buckets are zero-filled (with gradient_as_bucket_view that zeroes this
+        rank's p.grad too), reduced in bucket order through the same hook, and the
+        used bitmap is all_reduced as zeros, so the ranks that still have inputs
+        find every collective matched. p.grad is not written.
+        """
+        assert self.state is ReducerState.ARMED, f"shadow_backward while {self.state.name}"
+        self.state = ReducerState.REDUCING
+        self._ready = [True] * len(self.params)
+        self._used = [False] * len(self.params)  # this rank contributes no gradient
+        for bucket in self.buckets:
+            bucket.flat.zero_()
+            for _ in bucket.params:
+                bucket.mark_ready()
+        self._finalize_backward(write_grads=False)  # launches them all, in order
 
     def _globally_used(self) -> list[bool]:
         """One small all_reduce: did any rank give parameter i a gradient since the last sync?"""
-        used = torch.tensor(self._used, dtype=torch.int32, device=self.buckets[0].flat.device)
+        used = torch.tensor(self._used, dtype=torch.int32, device=self.device)
         comm.all_reduce(used, comm.ReduceOp.SUM, group=self.group)
         return (used > 0).tolist()
 
@@ -250,16 +307,23 @@ class Reducer:
         if not self._order_done:
             self._ready_order = []  # a partial record; the next synced backward records afresh
 
-    def set_comm_hook(self, state: Any, hook: Callable[[Any, Bucket], torch.futures.Future]) -> None:
-        """A registered hook receives the plain local sums and must return the average itself."""
+    def set_comm_hook(self, state: Any, hook: CommHook) -> None:
+        """From now on every bucket is reduced by hook(state, bucket); it receives plain local gradients."""
+        if not callable(hook):
+            raise TypeError(f"DDP.register_comm_hook: hook must be callable as hook(state, bucket), got {hook!r}")
+        if self._hook_registered:
+            raise RuntimeError("DDP: register_comm_hook can be called only once (as in torch); "
+                               "construct a new DDP to use a different hook")
         if self._backwards_started:
             raise RuntimeError("DDP: register_comm_hook must be called before the first backward")
-        self.comm_hook, self.hook_state, self._prescale = hook, state, None
+        self.comm_hook, self.hook_state, self._hook_registered = hook, state, True
+        self._set_divisor(self.world_size)
 
-    def remove_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+    def _set_divisor(self, d: int) -> None:
+        """The coming average divides by d: pre-divide for the default hook, else rescale if d != N."""
+        divided = getattr(self.comm_hook, _DIVIDED_INPUT, False)
+        self._prescale = 1.0 / d if divided else None
+        self._postscale = self.world_size / d if not divided and d != self.world_size else None
 
 
 def _make_hook(ref: weakref.ref, i: int):

@@ -33,9 +33,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
 from minidist.fsdp import state_dict as _sd
+from minidist.fsdp.collectives import MeshInfo
 from minidist.fsdp.param import FlatParamShard, ParamInfo
 from minidist.fsdp.schedule import Schedule
-from minidist.fsdp.unit import FSDPUnit, UnitComm
+from minidist.fsdp.unit import FSDPUnit, UnitPolicy
 from minidist.mesh import group_of
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
@@ -112,6 +113,26 @@ def _build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
     return [(names[u], u, infos) for u, infos in by_unit.items()]
 
 
+def _mesh_info(strategy: ShardingStrategy, mesh: DeviceMesh | None, process_group) -> MeshInfo:
+    """Shard and replicate groups for a strategy, with this rank's place in each."""
+    def place(group) -> tuple[int, int]:  # (size, this rank's group rank)
+        return dist.get_world_size(group), dist.get_rank(group)
+
+    if strategy is ShardingStrategy.HYBRID_SHARD:
+        if mesh is None or mesh.ndim != 2:
+            raise ValueError("hybrid_shard needs a 2-D mesh (replicate, shard): "
+                             "mesh=minidist.mesh.hybrid_mesh(topo, shard=ranks_per_shard_group)")
+        rep, shard = mesh.get_group(0), mesh.get_group(1)
+        return MeshInfo(shard, *place(shard), rep, *place(rep))
+    if mesh is not None and mesh.ndim != 1:
+        raise ValueError(f"sharding_strategy={strategy.value!r} spans one mesh dimension, got a "
+                         f"{mesh.ndim}-D mesh; use sharding_strategy='hybrid_shard' or pass one dimension")
+    group = group_of("FSDP", process_group, mesh)
+    if strategy is ShardingStrategy.NO_SHARD:
+        return MeshInfo(None, 1, 0, group, *place(group))
+    return MeshInfo(group, *place(group), None, 1, 0)
+
+
 class FSDP(nn.Module):
     """Fully sharded data parallel wrapper. See the module docstring and minidist.fsdp.unit.
 
@@ -129,6 +150,12 @@ class FSDP(nn.Module):
     Parameters keep their names under `.module` (fsdp.module.named_parameters() gives the
     plain module's names); their values are this rank's 1-D shards, which the optimizer
     updates. Wrap before building the optimizer; do not move the module afterwards.
+
+    Public layout: `units` (each unit's `flat` layout and states), `mesh_info` (groups and
+    this rank's place in them), `shard_group`. `require_backward_grad_sync` (torch DDP's
+    name) is False inside no_sync(). Activation checkpointing (non-reentrant
+    torch.utils.checkpoint) may sit inside a unit, around a unit's call or around several
+    units: see minidist.fsdp.unit.
     """
 
     def __init__(self, module: nn.Module, *, mesh: DeviceMesh | None = None,
@@ -146,33 +173,16 @@ class FSDP(nn.Module):
             reduce_dtype = reduce_dtype or mp_policy.reduce_dtype
         self.mp_policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
         if max_inflight_all_gathers < 0:
-            raise ValueError("max_inflight_all_gathers must be >= 0")
-        self._comm = self._make_comm(strategy, mesh, process_group, reduce_dtype)
-        shard_rank = 0 if self._comm.shard_world == 1 else dist.get_rank(self._comm.shard_group)
-        self._schedule = Schedule([], forward_prefetch, backward_prefetch, max_inflight_all_gathers)
+            raise ValueError(f"max_inflight_all_gathers must be >= 0, got {max_inflight_all_gathers}")
+        self.mesh_info = _mesh_info(strategy, mesh, process_group)
+        policy = UnitPolicy(strategy is ShardingStrategy.FULL_SHARD or strategy is ShardingStrategy.HYBRID_SHARD,
+                            reduce_dtype)
+        self._schedule: Schedule[FSDPUnit] = Schedule(forward_prefetch, backward_prefetch, max_inflight_all_gathers)
         self._units: list[FSDPUnit] = []
         for name, m, infos in _build_units(module, _is_unit(wrap)):
-            flat = FlatParamShard(infos, shard_rank, self._comm.shard_world, param_dtype)
-            self._units.append(FSDPUnit(m, flat, self._comm, self._schedule, name))
+            flat = FlatParamShard(infos, self.mesh_info.shard_rank, self.mesh_info.shard_world, param_dtype)
+            self._units.append(FSDPUnit(m, flat, self.mesh_info, policy, self._schedule, name))
         self._schedule.units = self._units
-
-    @staticmethod
-    def _make_comm(strategy: ShardingStrategy, mesh: DeviceMesh | None, process_group,
-                   reduce_dtype) -> UnitComm:
-        size = lambda g: dist.get_world_size(g)  # noqa: E731
-        if strategy is ShardingStrategy.HYBRID_SHARD:
-            if mesh is None or mesh.ndim != 2:
-                raise ValueError("hybrid_shard needs a 2-D mesh (replicate, shard): "
-                                 "mesh=minidist.mesh.hybrid_mesh(topo, shard=ranks_per_shard_group)")
-            rep, shard = mesh.get_group(0), mesh.get_group(1)
-            return UnitComm(shard, size(shard), rep, size(rep), True, reduce_dtype)
-        if mesh is not None and mesh.ndim != 1:
-            raise ValueError(f"sharding_strategy={strategy.value!r} spans one mesh dimension, got a "
-                             f"{mesh.ndim}-D mesh; use sharding_strategy='hybrid_shard' or pass one dimension")
-        group = group_of("FSDP", process_group, mesh)
-        if strategy is ShardingStrategy.NO_SHARD:
-            return UnitComm(None, 1, group, size(group), False, reduce_dtype)
-        return UnitComm(group, size(group), None, 1, strategy is ShardingStrategy.FULL_SHARD, reduce_dtype)
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -188,6 +198,15 @@ class FSDP(nn.Module):
                 unit.reshard()
         return out
 
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """Whether the next backward reduces gradients (torch DDP's name); False inside no_sync()."""
+        return self._schedule.require_backward_grad_sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self._schedule.require_backward_grad_sync = bool(value)
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backwards inside accumulate unsharded gradients locally (no reduction).
@@ -195,12 +214,12 @@ class FSDP(nn.Module):
         The full gradients stay alive (S bytes per rank) until the next synced backward
         reduces them: gradient accumulation trades memory for 1/K of the reductions.
         """
-        prev = self._schedule.sync_grads
-        self._schedule.sync_grads = False
+        prev = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
         try:
             yield
         finally:
-            self._schedule.sync_grads = prev
+            self.require_backward_grad_sync = prev
 
     # -- gradient clipping ----------------------------------------------------------------------
     @torch.no_grad()
@@ -221,8 +240,8 @@ class FSDP(nn.Module):
         else:
             total = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.zeros((), device=dev))
             op = comm.ReduceOp.SUM
-        if self._comm.shard_world > 1:
-            comm.all_reduce(total, op, group=self._comm.shard_group)
+        if self.mesh_info.shard_world > 1:
+            comm.all_reduce(total, op, group=self.mesh_info.shard_group)
         if norm_type != float("inf"):
             total = total ** (1.0 / norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -248,7 +267,13 @@ class FSDP(nn.Module):
     # -- introspection --------------------------------------------------------------------------
     @property
     def units(self) -> list[FSDPUnit]:
+        """Every unit, module order, root first (each: .module, .flat, .sharded_state, .training_state)."""
         return list(self._units)
+
+    @property
+    def shard_group(self) -> dist.ProcessGroup | None:
+        """The ranks that split the parameters (None = the world); mesh_info has the rest of the layout."""
+        return self.mesh_info.shard_group
 
     @property
     def peak_unsharded_units(self) -> int:

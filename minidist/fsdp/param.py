@@ -24,22 +24,19 @@ valid across a free/re-gather. The unsharded parameters are created with
 Tensor.set_ on the storage rather than as views of `full`, so they have their
 own version counter: the all_gather that refills the storage is not an
 "in-place modification" of tensors autograd saved for backward.
+
+This class is layout and buffers only. Which of the two parameter sets is
+installed, and whether `full` is being gathered, is the unit's state
+(minidist.fsdp.unit.ShardedState): the unit calls alloc_full / install_unsharded /
+install_sharded / free_full in the order its state machine allows.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-
-
-class ShardedState(enum.Enum):
-    SHARDED = enum.auto()
-    """Only local_shard exists; module attributes hold the sharded parameters."""
-    UNSHARDED = enum.auto()
-    """`full` is allocated and filled; module attributes hold the unsharded parameters."""
 
 
 @dataclass
@@ -108,41 +105,43 @@ class FlatParamShard:
                          requires_grad=rg)
             for off, shape, rg in zip(self.offsets, self.shapes, self.requires_grad)]
         self.free_full()
-        self.state = ShardedState.SHARDED
-        self._install(self.sharded_params)
+        self.install_sharded()
 
     # -- storage of the unsharded buffer ------------------------------------------------------
     @property
     def is_allocated(self) -> bool:
         return self.full.untyped_storage().nbytes() > 0
 
-    def alloc_full(self) -> None:
-        """Give `full` its storage back (contents undefined until the all_gather lands)."""
-        if not self.aliased and not self.is_allocated:
-            self.full.untyped_storage().resize_(self._full_bytes)
+    def alloc_full(self) -> bool:
+        """Give `full` its storage back (contents undefined until the all_gather lands).
 
-    def free_full(self) -> None:
-        """Drop `full`'s storage; the unsharded parameters become 0-byte views until the next alloc."""
-        if not self.aliased:
-            self.full.untyped_storage().resize_(0)
+        True if this allocated S_unit bytes (not when aliased or already allocated)."""
+        if self.aliased or self.is_allocated or not self._full_bytes:
+            return False
+        self.full.untyped_storage().resize_(self._full_bytes)
+        return True
+
+    def free_full(self) -> bool:
+        """Drop `full`'s storage; the unsharded parameters become 0-byte views until the next alloc.
+
+        True if this freed S_unit bytes."""
+        if self.aliased or not self.is_allocated:
+            return False
+        self.full.untyped_storage().resize_(0)
+        return True
 
     def gather_input(self) -> torch.Tensor:
         """What this rank contributes to the all_gather: its shard in param_dtype."""
         return self.local_shard if self.param_dtype == self.dtype else self.local_shard.to(self.param_dtype)
 
-    # -- state transitions --------------------------------------------------------------------
-    def to_unsharded(self) -> None:
+    # -- which parameters the module attributes hold -------------------------------------------
+    def install_unsharded(self) -> None:
         """Point the module attributes at the unsharded parameters (`full` must be filled)."""
-        assert self.state is ShardedState.SHARDED, f"to_unsharded from {self.state}"
         self._install(self.unsharded_params)
-        self.state = ShardedState.UNSHARDED
 
-    def to_sharded(self) -> None:
-        """Point the module attributes back at the shards and free `full`."""
-        assert self.state is ShardedState.UNSHARDED, f"to_sharded from {self.state}"
+    def install_sharded(self) -> None:
+        """Point the module attributes back at the sharded parameters."""
         self._install(self.sharded_params)
-        self.free_full()
-        self.state = ShardedState.SHARDED
 
     def _install(self, params: list[nn.Parameter]) -> None:
         for info, p in zip(self.infos, params):

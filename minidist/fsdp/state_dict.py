@@ -16,51 +16,68 @@ state tensor) plus the layout needed to put the pieces back together:
 `offset` is where the shard starts inside the flattened parameter. Loading takes the
 dicts of all N saved ranks, reassembles each parameter (and each optimizer state
 tensor) from its pieces and cuts out this rank's piece under the *current* layout,
-so a checkpoint written at world size N loads at world size M.
+so a checkpoint written at world size N loads at world size M. (N, r: the shard
+group's size and this rank's place in it; hybrid replicas save the same shard.)
+
+Everything here reads the model through FSDP's public API: `module`, `units`
+(each unit's `flat` layout and `sharded_state`) and `mesh_info`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Iterable, Protocol
 
 import torch
-import torch.distributed as dist
+import torch.nn as nn
 
-from minidist.fsdp import collectives
-from minidist.fsdp.param import FlatParamShard, ShardedState
+from minidist import comm
+from minidist.fsdp.collectives import MeshInfo
+from minidist.fsdp.param import FlatParamShard
+from minidist.fsdp.unit import FSDPUnit, ShardedState
 
-if TYPE_CHECKING:
-    from minidist.fsdp.api import FSDP
+
+class ShardedModel(Protocol):
+    """What this module reads of an FSDP model: its public layout (minidist.fsdp.api.FSDP)."""
+
+    module: nn.Module
+    mesh_info: MeshInfo
+
+    @property
+    def units(self) -> list[FSDPUnit]: ...
 
 
-def _check_idle(model: "FSDP") -> None:
-    for u in model._units:
-        if u.flat.state is not ShardedState.SHARDED:
+def _check_idle(model: ShardedModel) -> None:
+    for u in model.units:
+        if u.sharded_state is not ShardedState.SHARDED:
             raise RuntimeError(f"state dicts need every unit sharded (between steps); {u} is not")
 
 
-def _gather_full(model: "FSDP", flat: FlatParamShard) -> torch.Tensor:
+def _gather_full(model: ShardedModel, flat: FlatParamShard) -> torch.Tensor:
     """(padded,) full parameter values of one unit, in the master dtype, on every rank."""
-    if model._comm.shard_world == 1:
+    if model.mesh_info.shard_world == 1:
         return flat.local_shard.detach().clone()
     full = torch.empty(flat.padded, dtype=flat.dtype, device=flat.device)
-    collectives.all_gather_flat(full, flat.local_shard.detach(), model._comm.shard_group)
+    comm.all_gather(full, flat.local_shard.detach(), group=model.mesh_info.shard_group)
     return full
 
 
-def _param_entries(model: "FSDP"):
+def _param_entries(model: ShardedModel) -> Iterable[tuple[str, Any, FlatParamShard, int]]:
     """(canonical fqn, info, flat, index) for every original parameter."""
-    for u in model._units:
+    for u in model.units:
         for i, info in enumerate(u.flat.infos):
             yield info.fqns[0], info, u.flat, i
 
 
 @torch.no_grad()
-def full_state_dict(model: "FSDP", *, rank0_only: bool = True, cpu_offload: bool = True) -> dict[str, torch.Tensor]:
-    """The plain module's state_dict (original names and shapes, tied names sharing a tensor)."""
+def full_state_dict(model: ShardedModel, *, rank0_only: bool = True, cpu_offload: bool = True) -> dict[str, torch.Tensor]:
+    """The plain module's state_dict (original names and shapes, tied names sharing a tensor).
+
+    rank0_only: only the mesh's first rank (group rank 0 of the shard and replicate
+    groups) gets the values, every other rank {}. Collective: call on every rank.
+    """
     _check_idle(model)
     values: dict[str, torch.Tensor] = {}
-    for u in model._units:
+    for u in model.units:
         if not u.flat.infos:
             continue
         full = _gather_full(model, u.flat)
@@ -68,7 +85,7 @@ def full_state_dict(model: "FSDP", *, rank0_only: bool = True, cpu_offload: bool
             t = t.clone().cpu() if cpu_offload else t.clone()
             for fqn in info.fqns:
                 values[fqn] = t
-    if rank0_only and dist.get_rank() != 0:
+    if rank0_only and not model.mesh_info.is_first:
         return {}
     out = {}
     for key, v in model.module.state_dict(keep_vars=True).items():
@@ -80,32 +97,26 @@ def full_state_dict(model: "FSDP", *, rank0_only: bool = True, cpu_offload: bool
     return out
 
 
-def _broadcast_from_first(model: "FSDP", t: torch.Tensor) -> None:
-    """Copy `t` from the FSDP group's first rank to all its ranks (hybrid: across replicas, then shards)."""
-    c = model._comm
-    if c.replicate_world > 1 and (c.shard_world == 1 or dist.get_rank(c.shard_group) == 0):
-        collectives.broadcast_flat(t, c.replicate_group)
-    if c.shard_world > 1:
-        collectives.broadcast_flat(t, c.shard_group)
-
-
-def _is_first(model: "FSDP") -> bool:
-    c = model._comm
-    rep = c.replicate_world == 1 or dist.get_rank(c.replicate_group) == 0
-    return rep and (c.shard_world == 1 or dist.get_rank(c.shard_group) == 0)
+def _broadcast_from_first(model: ShardedModel, t: torch.Tensor) -> None:
+    """Copy `t` from the mesh's first rank to all its ranks (hybrid: across replicas, then shards)."""
+    m = model.mesh_info
+    if m.replicate_world > 1 and m.shard_rank == 0:
+        comm.broadcast(t, group=m.replicate_group, group_src=0)
+    if m.shard_world > 1:
+        comm.broadcast(t, group=m.shard_group, group_src=0)
 
 
 @torch.no_grad()
-def load_full_state_dict(model: "FSDP", state_dict: dict[str, torch.Tensor] | None, *,
+def load_full_state_dict(model: ShardedModel, state_dict: dict[str, torch.Tensor] | None, *,
                          broadcast_from_rank0: bool = False) -> None:
-    """Load a plain state dict, present on every rank or (broadcast_from_rank0) on the first only."""
+    """Load a plain state dict, present on every rank or (broadcast_from_rank0) on the mesh's first rank only."""
     _check_idle(model)
-    source = _is_first(model) if broadcast_from_rank0 else True
+    source = model.mesh_info.is_first if broadcast_from_rank0 else True
     if source:
         missing = [fqn for fqn, *_ in _param_entries(model) if fqn not in state_dict]
         if missing:
             raise KeyError(f"load_full_state_dict: missing parameters {missing}")
-    for u in model._units:
+    for u in model.units:
         flat = u.flat
         if not flat.infos:
             continue
@@ -123,12 +134,8 @@ def load_full_state_dict(model: "FSDP", state_dict: dict[str, torch.Tensor] | No
             _broadcast_from_first(model, buf)
 
 
-def _shard_rank(model: "FSDP") -> int:
-    return 0 if model._comm.shard_world == 1 else dist.get_rank(model._comm.shard_group)
-
-
 @torch.no_grad()
-def sharded_state_dict(model: "FSDP", optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+def sharded_state_dict(model: ShardedModel, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
     """This rank's shards of parameters and optimizer state, with their layout."""
     _check_idle(model)
     params, aliases, names = {}, {}, {}
@@ -139,7 +146,7 @@ def sharded_state_dict(model: "FSDP", optimizer: torch.optim.Optimizer | None = 
                        "offset": flat.param_ranges[i][0]}
         for alias in info.fqns[1:]:
             aliases[alias] = fqn
-    out: dict[str, Any] = {"world_size": model._comm.shard_world, "rank": _shard_rank(model),
+    out: dict[str, Any] = {"world_size": model.mesh_info.shard_world, "rank": model.mesh_info.shard_rank,
                            "params": params, "aliases": aliases,
                            "buffers": {n: b.detach().clone().cpu() for n, b in model.module.named_buffers()}}
     if optimizer is not None:
@@ -171,7 +178,7 @@ def _reassemble(pieces: list[tuple[int, torch.Tensor]], numel: int) -> torch.Ten
 
 
 @torch.no_grad()
-def load_sharded_state_dict(model: "FSDP", shards: list[dict[str, Any]],
+def load_sharded_state_dict(model: ShardedModel, shards: list[dict[str, Any]],
                             optimizer: torch.optim.Optimizer | None = None) -> None:
     """Load from the sharded dicts of ALL saved ranks (any world size) into this rank's shards."""
     _check_idle(model)

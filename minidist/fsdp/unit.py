@@ -1,73 +1,93 @@
 """One FSDP unit's lifecycle: gather, compute, free, re-gather, reduce.
 
 A unit is a module (a transformer Block, or the root) whose parameters share one
-FlatParamShard. Per training step it goes through:
+FlatParamShard. It owns two state machines and asserts every transition:
 
-    pre_forward    all_gather the shard (or wait for the prefetched one), swap in the
-                   unsharded params, prefetch the next unit(s) in forward order
-    post_forward   full_shard: free the unsharded params now. Why: activations are
-                   what must stay until backward; keeping every layer's parameters
+    sharded state    SHARDED --_start_unshard--> GATHERING --_finish_unshard--> UNSHARDED
+                        ^                                                          |
+                        +------------------------- reshard ------------------------+
+    training state   IDLE --pre_forward--> FORWARD --post_forward--> IDLE
+                     IDLE --pre_backward--> PRE_BACKWARD --post_backward--> POST_BACKWARD
+                     any --finish_backward--> IDLE
+
+Per training step, one parameter goes (collectives = minidist.fsdp.collectives):
+
+    pre_forward    unshard: allocate `full`, collectives.start_all_gather (or take the
+                   prefetched one), wait, install the unsharded params; prefetch the
+                   next unit(s) in forward order (schedule.upcoming)
+    compute        the module's forward, on the unsharded params
+    post_forward   full_shard: reshard (install the shards, free `full`). Why: activations
+                   are what must stay until backward; keeping every layer's parameters
                    too would make peak memory the full model again. The price is a
-                   second all_gather in backward.
-                   register pre_backward on the outputs' gradients
-    pre_backward   (the gradient of an output arrives) all_gather again where it was
-                   freed, prefetch the unit backward reaches next: the reverse of the
-                   forward order, because backward visits layers last-to-first
+                   second all_gather in backward. Register pre_backward on the outputs'
+                   gradients.
+    pre_backward   (the gradient of an output arrives) unshard again where it was freed;
+                   prefetch the unit backward reaches next: the reverse of the forward
+                   order, because backward visits layers last-to-first
     post_backward  (every trainable unsharded param's gradient is accumulated: counted
-                   with post-accumulate-grad hooks, which fire once per backward even
-                   for a unit called twice) reduce_scatter the gradients
-                   asynchronously, free the unsharded params
-    finish         (end of backward, an autograd-engine callback) wait for the
-                   reductions, give each sharded param its averaged gradient shard
+                   with post-accumulate-grad hooks, which fire once per backward even for
+                   a unit called twice or recomputed) finish the previous unit's
+                   reduce_scatter (last_reduction.advance()), then
+                   collectives.start_reduction of the flat gradient -> a GradReduction
+                   in flight (reduce_scatter; replica all_reduce; divide); reshard
+    finish_backward  (end of backward, an autograd-engine callback) reduction.wait()
+                   -> the averaged gradient shard, handed to the sharded params
 
-The order of units, prefetching and the end-of-backward callback belong to the
-model as a whole: minidist.fsdp.schedule.
+Activation checkpointing (torch.utils.checkpoint, use_reentrant=False) may run a
+unit's forward again inside backward to recompute activations. That pre_forward
+only makes sure the unit is UNSHARDED (kept if still gathered, else gathered now)
+and leaves the training state alone; the params stay gathered because the
+recomputed activations saved them, and the unit's post_backward (or the end of
+backward, for a unit without trainable params) frees them. The recompute's
+post_forward does nothing: it may not even run (checkpoint stops recomputing
+early once it has what backward needs), and a reshard there would free params
+backward is about to use.
+
+The order of units, the prefetch queue and the sync flag are shared data in
+minidist.fsdp.schedule, which the unit consults.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.fsdp import collectives
-from minidist.fsdp.param import FlatParamShard, ShardedState
+from minidist.fsdp.collectives import GradReduction, MeshInfo
+from minidist.fsdp.param import FlatParamShard
+from minidist.fsdp.schedule import Schedule
 
-if TYPE_CHECKING:
-    from minidist.fsdp.schedule import Schedule
+
+class ShardedState(enum.Enum):
+    SHARDED = enum.auto()
+    """Only local_shard holds values; module attributes hold the sharded params; `full` has no storage."""
+    GATHERING = enum.auto()
+    """`full` is allocated and an all_gather into it is in flight; attributes still hold the shards."""
+    UNSHARDED = enum.auto()
+    """`full` is filled; module attributes hold the unsharded params."""
 
 
 class TrainingState(enum.Enum):
     IDLE = enum.auto()
     FORWARD = enum.auto()
     PRE_BACKWARD = enum.auto()
+    """An output's gradient arrived; the unit's own gradients are being computed."""
     POST_BACKWARD = enum.auto()
+    """Its gradients are complete and their reduction started."""
 
 
-@dataclass
-class UnitComm:
-    """How a unit shards and reduces; the same for every unit of one FSDP model."""
+@dataclass(frozen=True)
+class UnitPolicy:
+    """What a unit does beyond the mesh; the same for every unit of one FSDP model."""
 
-    shard_group: dist.ProcessGroup | None
-    """Ranks that split the parameters (None = world)."""
-    shard_world: int
-    """Size of shard_group; 1 = no_shard."""
-    replicate_group: dist.ProcessGroup | None
-    """Ranks holding the same shard (hybrid_shard, no_shard); None when there are none."""
-    replicate_world: int
     reshard_after_forward: bool
     """full_shard: True; shard_grad_op, no_shard: False."""
     reduce_dtype: torch.dtype | None
     """dtype of the gradient reduction; None = the unsharded gradients' dtype."""
-
-    @property
-    def grad_divisor(self) -> int:
-        """Ranks whose gradients are summed: the average divides by all of them."""
-        return self.shard_world * self.replicate_world
 
 
 def _flatten_tensors(obj: Any) -> list[torch.Tensor]:
@@ -80,155 +100,183 @@ def _flatten_tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-class FSDPUnit:
-    """A module, its FlatParamShard, its hooks and its training state."""
+def _in_backward() -> bool:
+    """True inside an autograd backward pass (as torch's FSDP2 asks, through the same private call)."""
+    return torch._C._current_graph_task_id() != -1
 
-    def __init__(self, module: nn.Module, flat: FlatParamShard, comm: UnitComm, schedule: Schedule,
-                 name: str):
-        self.module, self.flat, self.comm, self.schedule, self.name = module, flat, comm, schedule, name
+
+class FSDPUnit:
+    """A module, its FlatParamShard, its hooks and its two states."""
+
+    def __init__(self, module: nn.Module, flat: FlatParamShard, mesh: MeshInfo, policy: UnitPolicy,
+                 schedule: Schedule["FSDPUnit"], name: str):
+        self.module, self.flat, self.mesh, self.policy = module, flat, mesh, policy
+        self.schedule, self.name = schedule, name
+        self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
-        self.gathering = False
-        self._gather_work = None
-        self._gather_input: torch.Tensor | None = None  # kept alive until the gather is waited on
+        self._gather: collectives.AllGather | None = None
+        self._reduction: GradReduction | None = None
         self._trainable = [p for p in flat.unsharded_params if p.requires_grad]
         self._grads_ready = 0
-        self._reduce_input: torch.Tensor | None = None
-        self._reduce_output: torch.Tensor | None = None
-        self._rs_work = None
-        self._ar_work = None
-        self._reducing = False                          # a reduction started and not yet finished
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_accumulated)
         if flat.infos:
-            module.register_forward_pre_hook(self.pre_forward, with_kwargs=True)
-            module.register_forward_hook(self.post_forward, with_kwargs=True)
+            module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+            module.register_forward_hook(self._post_forward, with_kwargs=True)
 
     def __repr__(self) -> str:
-        return f"FSDPUnit({self.name or '<root>'}, {self.flat.total} params, {self.flat.state.name})"
+        return f"FSDPUnit({self.name or '<root>'}, {self.flat.total} params, {self.sharded_state.name})"
 
-    # -- unshard / reshard ----------------------------------------------------------------------
-    def unshard(self, async_op: bool) -> None:
-        """Allocate `full` and start filling it from every rank's shard."""
-        assert self.flat.state is ShardedState.SHARDED and not self.gathering, f"unshard of {self}"
-        self.flat.alloc_full()
-        self.schedule.note_alloc()
-        self.gathering = True
-        if self.flat.aliased:
-            return
-        self._gather_input = self.flat.gather_input()
-        if self.comm.shard_world == 1:
-            self.flat.full.copy_(self._gather_input)
-        else:
-            self._gather_work = collectives.all_gather_shard(self.flat.full, self._gather_input,
-                                                             self.comm.shard_group, async_op=async_op)
+    # -- sharded state --------------------------------------------------------------------------
+    def _start_unshard(self) -> None:
+        """SHARDED -> GATHERING: allocate `full` and start filling it from every rank's shard."""
+        assert self.sharded_state is ShardedState.SHARDED, f"_start_unshard of {self}"
+        if self.flat.alloc_full():
+            self.schedule.note_alloc()
+        if not self.flat.aliased:  # aliased (no_shard, one dtype): `full` is local_shard already
+            self._gather = collectives.start_all_gather(self.flat.full, self.flat.gather_input(), self.mesh)
+        self.sharded_state = ShardedState.GATHERING
 
-    def wait_for_unshard(self) -> None:
-        """Make sure the unsharded params are filled and installed on the module."""
+    def _finish_unshard(self) -> None:
+        """GATHERING -> UNSHARDED: wait for the all_gather, install the unsharded params."""
+        assert self.sharded_state is ShardedState.GATHERING, f"_finish_unshard of {self}"
+        if self._gather is not None:
+            self._gather.wait()
+            self._gather = None
+        self.flat.install_unsharded()
+        self.sharded_state = ShardedState.UNSHARDED
+
+    def unshard(self) -> None:
+        """Make the unsharded params filled and installed, from whatever state (this unit is in use now)."""
         self.schedule.became_current(self)
-        if self.flat.state is ShardedState.UNSHARDED:
-            return
-        if not self.gathering:
-            self.unshard(async_op=False)
-        if self._gather_work is not None:
-            self._gather_work.wait()
-        self._gather_work = self._gather_input = None
-        self.gathering = False
-        self.flat.to_unsharded()
+        if self.sharded_state is ShardedState.SHARDED:
+            self._start_unshard()
+        if self.sharded_state is ShardedState.GATHERING:
+            self._finish_unshard()
 
     def reshard(self) -> None:
-        if self.gathering:  # a prefetch that was never used
-            self.wait_for_unshard()
-        self.schedule.became_current(self)
-        if self.flat.state is ShardedState.UNSHARDED:
-            self.flat.to_sharded()
+        """-> SHARDED: install the shards and free `full` (after waiting for a prefetch never used)."""
+        if self.sharded_state is ShardedState.GATHERING:  # the all_gather still writes into `full`
+            self.schedule.became_current(self)
+            self._finish_unshard()
+        if self.sharded_state is ShardedState.UNSHARDED:
+            self.flat.install_sharded()
+            if self.flat.free_full():
+                self.schedule.note_free()
+            self.sharded_state = ShardedState.SHARDED
+
+    def _prefetch(self, backward: bool) -> None:
+        """Start the all_gathers of the units that run after this one, within the prefetch budget."""
+        for nxt in self.schedule.upcoming(self, backward):
+            if not self.schedule.prefetch_slot_free():
+                break
+            if nxt.sharded_state is ShardedState.SHARDED:
+                nxt._start_unshard()
+                self.schedule.prefetched.append(nxt)
 
     # -- forward hooks --------------------------------------------------------------------------
-    def pre_forward(self, module: nn.Module, args: tuple, kwargs: dict):
-        assert self.training_state is TrainingState.IDLE, (
-            f"{self} entered forward while {self.training_state.name}; forward during backward "
-            f"(e.g. activation checkpointing recompute) is not supported")
+    def _pre_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if _in_backward():  # activation checkpointing recomputes this forward (module docstring)
+            self.unshard()
+            return
+        if self.training_state is not TrainingState.IDLE:
+            raise RuntimeError(
+                f"{self} entered forward while {self.training_state.name}: a unit cannot run inside its own "
+                f"forward, and a forward cannot start before the previous backward finished")
         self.training_state = TrainingState.FORWARD
         self.schedule.record_pre_forward(self)
-        self.wait_for_unshard()
-        self.schedule.prefetch_after(self, backward=False)
-        return None
+        self.unshard()
+        self._prefetch(backward=False)
 
-    def post_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+    def _post_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        if _in_backward():  # recompute: backward is about to use these params (module docstring)
+            return output
         assert self.training_state is TrainingState.FORWARD, f"post_forward of {self} in {self.training_state}"
         self.schedule.record_post_forward(self)
-        if self.comm.reshard_after_forward:
+        if self.policy.reshard_after_forward:
             self.reshard()
         if torch.is_grad_enabled():
             outs = [t for t in _flatten_tensors(output) if t.requires_grad]
             if outs:
-                torch.autograd.graph.register_multi_grad_hook(outs, self.pre_backward, mode="any")
+                torch.autograd.graph.register_multi_grad_hook(outs, self._pre_backward, mode="any")
         self.training_state = TrainingState.IDLE
         return output
 
     # -- backward hooks -------------------------------------------------------------------------
-    def pre_backward(self, *unused: Any) -> None:
-        assert self.training_state in (TrainingState.IDLE, TrainingState.PRE_BACKWARD,
-                                       TrainingState.POST_BACKWARD), f"pre_backward of {self}"
-        self.schedule.queue_finish()
+    def _pre_backward(self, *unused: Any) -> None:
+        if self.training_state is TrainingState.FORWARD:
+            raise RuntimeError(f"a backward reached {self} while its forward runs (autograd.grad inside its "
+                               f"forward?); finish the forward first")
+        if not self.schedule.end_of_backward_queued:
+            self.schedule.end_of_backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: finish_backward(self.schedule))
         if self.training_state is TrainingState.IDLE:
             self.training_state = TrainingState.PRE_BACKWARD
-        self.wait_for_unshard()
-        self.schedule.prefetch_after(self, backward=True)
+        self.unshard()
+        self._prefetch(backward=True)
 
     def _on_grad_accumulated(self, param: torch.Tensor) -> None:
         self._grads_ready += 1
         if self._grads_ready == len(self._trainable):
-            self.post_backward()
+            self._post_backward()
 
-    def post_backward(self) -> None:
+    def _post_backward(self) -> None:
         """All of this unit's gradients exist: start reducing them, free the unsharded params."""
-        assert self.training_state is TrainingState.PRE_BACKWARD, f"post_backward of {self} in {self.training_state}"
+        if self.training_state is not TrainingState.PRE_BACKWARD:
+            raise RuntimeError(
+                f"gradients of {self} were computed outside its backward ({self.training_state.name}): its params "
+                f"must be used inside its forward, and activation checkpointing needs use_reentrant=False")
         self.training_state = TrainingState.POST_BACKWARD
-        if self.schedule.sync_grads and self._trainable:
-            self.schedule.wait_previous_reduction(self)
+        if self.schedule.require_backward_grad_sync:
             self._start_reduction()
         self.reshard()
 
-    def finalize_post_backward(self) -> None:
-        """End of backward: reduce and reshard what post_backward did not reach."""
-        if self.training_state is TrainingState.PRE_BACKWARD:
-            self.post_backward()
-        elif self.schedule.sync_grads and not self._reducing and self.flat.has_unsharded_grads:
+    def _start_reduction(self) -> None:
+        """Hand the flat gradient to a new GradReduction, after the previous unit's reduce_scatter.
+
+        Why wait for the previous one first: a reduce_scatter's input is its unit's full
+        padded gradient (S_unit bytes). Holding every unit's until the end of backward
+        would cost the whole model's gradients at the peak; with one in flight behind the
+        current one, communication still overlaps the backward compute between two
+        post_backwards, and at most two S_unit inputs are alive.
+        """
+        if self.schedule.last_reduction is not None:
+            self.schedule.last_reduction.advance()
+        dtype = self.policy.reduce_dtype or self.flat.param_dtype
+        self._reduction = collectives.start_reduction(self.flat.flat_grad(dtype), self.mesh, self.flat.dtype)
+        self.schedule.last_reduction = self._reduction
+
+    # -- end of backward ------------------------------------------------------------------------
+    def _finalize_backward(self) -> None:
+        """Reduce and reshard what post_backward did not reach."""
+        if self.training_state is TrainingState.PRE_BACKWARD and self._trainable:
+            self._post_backward()  # some trainable params got no gradient this backward
+        elif (self.schedule.require_backward_grad_sync and self._reduction is None
+              and self.flat.has_unsharded_grads):
             self._start_reduction()  # grads accumulated under no_sync, this backward touched none
         self.reshard()
         self._grads_ready = 0
         self.training_state = TrainingState.IDLE
 
-    # -- gradient reduction ---------------------------------------------------------------------
-    def _start_reduction(self) -> None:
-        dtype = self.comm.reduce_dtype or self.flat.param_dtype
-        self._reducing = True
-        flat_grad = self.flat.flat_grad(dtype)   # (padded,)
-        self._reduce_input = flat_grad
-        if self.comm.shard_world == 1:
-            self._reduce_output = flat_grad
-        else:
-            self._reduce_output = torch.empty(self.flat.shard_size, dtype=dtype, device=flat_grad.device)
-            self._rs_work = collectives.reduce_scatter_grad(self._reduce_output, flat_grad, self.comm.shard_group)
-            return
-        self.wait_reduce_scatter()
+    def _finish_reduction(self) -> None:
+        if self._reduction is not None:
+            self.flat.accumulate_sharded_grad(self._reduction.wait())
+            self._reduction = None
 
-    def wait_reduce_scatter(self) -> None:
-        if self._rs_work is not None:
-            self._rs_work.wait()
-            self._rs_work = None
-            self._reduce_input = None  # the padded full gradient: S bytes, free it now
-        if self._reduce_output is not None and self.comm.replicate_world > 1 and self._ar_work is None:
-            self._ar_work = collectives.all_reduce_grad(self._reduce_output, self.comm.replicate_group)
 
-    def finish_reduction(self) -> None:
-        if self._reduce_output is None:
-            return
-        self.wait_reduce_scatter()
-        if self._ar_work is not None:
-            self._ar_work.wait()
-            self._ar_work = None
-        shard_grad = self._reduce_output.to(self.flat.dtype).div_(self.comm.grad_divisor)
-        self.flat.accumulate_sharded_grad(shard_grad)
-        self._reduce_input = self._reduce_output = None
-        self._reducing = False
+def finish_backward(schedule: Schedule[FSDPUnit]) -> None:
+    """End of backward (an autograd-engine callback): complete every reduction, reshard, reset.
+
+    Units whose post_backward never ran (some trainable params got no gradient) reduce
+    here, so that every rank issues the same collectives in the same order. Every
+    reduce_scatter is finished (hybrid: every replica all_reduce started) before any
+    all_reduce is waited on, so the all_reduces overlap each other.
+    """
+    for u in schedule.units:
+        u._finalize_backward()
+    for u in schedule.units:
+        if u._reduction is not None:
+            u._reduction.advance()
+    for u in schedule.units:
+        u._finish_reduction()
+    schedule.end_backward()

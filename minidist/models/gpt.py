@@ -2,7 +2,9 @@
 
 Pre-norm blocks of causal self-attention and an MLP, learned positions, and an
 output head tied to the token embedding (one shared weight: the engines must
-reduce it once). `Block` is the natural FSDP unit: wrap={Block}.
+reduce it once). `Block` is the natural FSDP unit: wrap={Block}. With
+activation_checkpointing the parent checkpoints each Block's call, as Hugging
+Face models do (under FSDP, the unit is recomputed, re-gathered, inside backward).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -29,6 +32,10 @@ class GPTConfig:
     """Width of the residual stream."""
     dropout: float = 0.0
     """Dropout probability (0 keeps runs deterministic)."""
+    activation_checkpointing: bool = False
+    """Recompute each Block's activations in backward instead of keeping them (non-reentrant
+    torch.utils.checkpoint around every Block call): activation memory of a block falls to its
+    input, for one more forward of every block per step."""
 
 
 class CausalSelfAttention(nn.Module):
@@ -108,8 +115,9 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {t} tokens exceeds block_size={self.cfg.block_size}")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
+        recompute = self.cfg.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         logits = self.lm_head(self.ln_f(x))
         loss = None
         if targets is not None:

@@ -36,6 +36,7 @@ class Job:
         self.topo = None
         self.callbacks = callbacks
         self.failure: BaseException | None = None
+        self.preempted = False
 
     def __call__(self, cfg) -> dict:
         from hydra.core.hydra_config import HydraConfig
@@ -52,6 +53,7 @@ class Job:
                                  overrides=tuple(hc.overrides.task), hydra_yaml=OmegaConf.to_yaml({"hydra": hc}))
             result = train(cfg, self.topo, self.callbacks, request)
             result.pop("model_state", None)  # the sweep keeps every job's result: not its weights
+            self.preempted = bool(result.get("preempted"))  # the launcher starts no further job
             return result
         except Exception as exc:
             self.failure = exc
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None, callbacks=()) -> None:
         runtime.exit_on_error(ConfigError("every job of a sweep needs the same backend and timeout_s: the process "
                                           "group is created once, for all of them"))
     backend, timeout_s = agreed.pop()
+    from minidist.train.preemption import EXIT_PREEMPTED
+
     job = Job(callbacks)
     try:
         with runtime.distributed(backend, timeout_s) as topo:
@@ -92,6 +96,8 @@ def main(argv: list[str] | None = None, callbacks=()) -> None:
                 _run_single(args, job)
             if job.failure is not None:
                 raise job.failure
+        if job.preempted:  # checkpointed; torchrun's restart or a SLURM requeue resumes it (resume=auto)
+            runtime.exit_process(EXIT_PREEMPTED)
     except KeyboardInterrupt:
         runtime.exit_on_error(KeyboardInterrupt("interrupted"))
     except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace

@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from minidist.train.config import CONFIG_DIR, GROUPS, RunConfig
+from minidist.train.preemption import signal_number
 
 
 def register_schemas() -> None:
@@ -129,8 +130,26 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError("model=resnet18 needs images: use data=cifar10 or data=synthetic")
     if cfg.resume not in ("never", "auto") and not Path(cfg.resume).is_dir():
         raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
-    if cfg.trainer.steps < 1 or cfg.trainer.batch_size < 1 or cfg.trainer.grad_accum < 1:
-        raise ConfigError("trainer.steps, trainer.batch_size and trainer.grad_accum must be >= 1")
+    tc, st = cfg.trainer, cfg.strategy
+    for key in ("steps", "batch_size", "grad_accum", "log_interval", "keep_last"):
+        if tc[key] < 1:
+            raise ConfigError(f"trainer.{key}={tc[key]} must be >= 1")
+    for key in ("eval_interval", "ckpt_interval"):
+        if tc[key] < 0:
+            raise ConfigError(f"trainer.{key}={tc[key]} must be >= 0 (0 turns it off)")
+    if st.get("shard_size") is not None and st.shard_size < 1:
+        raise ConfigError(f"strategy.shard_size={st.shard_size} must be >= 1 (ranks per shard group), "
+                          f"or null for the processes per node")
+    if st.get("bucket_cap_mb") is not None and st.bucket_cap_mb <= 0:
+        raise ConfigError(f"strategy.bucket_cap_mb={st.bucket_cap_mb} must be > 0, or null for torch's "
+                          f"default (25 MiB after a 1 MiB first bucket)")
+    if st.get("max_inflight_all_gathers") is not None and st.max_inflight_all_gathers < 0:
+        raise ConfigError(f"strategy.max_inflight_all_gathers={st.max_inflight_all_gathers} must be >= 0")
+    for name in tc.preempt_signals:
+        try:
+            signal_number(name)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.preempt_signals: {exc}") from None
 
 
 def to_yaml(cfg: DictConfig) -> str:

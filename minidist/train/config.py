@@ -78,7 +78,7 @@ class DDPStrategy:
     """Gradient MiB per all_reduce bucket: bigger = fewer, later collectives. null = torch's
     default: 25 MiB buckets after a 1 MiB first one (so the first all_reduce starts early)."""
     find_unused_parameters: bool = False
-    """Tolerate parameters that get no gradient in a step (costs a graph walk per step)."""
+    """Tolerate parameters that get no gradient in a step (one small all_reduce of a used-bitmap per step)."""
     gradient_as_bucket_view: bool = False
     """Let .grad alias the bucket buffer (saves one gradient-sized copy)."""
     broadcast_buffers: bool = True
@@ -257,6 +257,8 @@ class TrainerConfig:
     """Length of the text sample printed at the end (GPT only; 0 disables)."""
     progress_bar: bool = True
     """tqdm bar on rank 0."""
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM"])
+    """Signals that make the run checkpoint after the current step and exit 75 (requeue), e.g. [SIGTERM,SIGUSR1]."""
 
 
 @dataclass

@@ -9,11 +9,9 @@ Three sources, all in memory as tensors (they are small):
              images whose class decides a mean pattern. Learnable, so loss falls.
 
 Sharding (BatchStream): each epoch, one permutation of all sample indices is drawn
-from (seed, epoch) - the same on every rank - and rank r takes every world-th
-index starting at r. The tail that does not fill a whole batch on *every* rank
-is dropped, so all ranks run the same number of steps: a rank that ran out of
-data one step early would leave the others waiting forever in their all_reduce.
-The stream's position (epoch, batch) is all a checkpoint needs to continue it.
+from (seed, epoch) - the same on every rank - and each global batch is split so that
+rank r takes every world-th index starting at r. The stream's position (epoch,
+samples consumed) is all a checkpoint needs to continue it, at any world size.
 """
 
 from __future__ import annotations
@@ -190,55 +188,62 @@ class Images:
 
 
 # ------------------------------------------------------------------- stream
-@dataclass
-class StreamPosition:
-    epoch: int = 0
-    batch: int = 0
-
-
 class BatchStream:
-    """This rank's endless sequence of batches: disjoint shards, reshuffled every epoch."""
+    """This rank's endless sequence of batches: disjoint shards, reshuffled every epoch.
+
+    Each epoch is one permutation of the dataset, the same on every rank. A step of the
+    whole job takes the next batch_size x world entries of it, and rank r gets every
+    world-th of those, starting at r. So the position is one number for the whole job,
+    `offset` (samples of this epoch consumed by all ranks together), and a checkpoint
+    written at N ranks continues at M: the next global batch starts at the same offset
+    and is split M ways. The tail of an epoch that does not fill a whole global batch is
+    dropped, so all ranks run the same number of steps (a rank that ran out one step
+    early would leave the others waiting in their all_reduce).
+    """
 
     def __init__(self, dataset, batch_size: int, rank: int, world: int, seed: int, shuffle: bool = True):
         self.ds, self.bs, self.rank, self.world, self.seed, self.shuffle = dataset, batch_size, rank, world, seed, shuffle
-        self.per_rank = len(dataset) // world
-        self.batches_per_epoch = self.per_rank // batch_size
+        self.global_batch = batch_size * world
+        self.batches_per_epoch = len(dataset) // self.global_batch
         if self.batches_per_epoch < 1:
             raise ValueError(f"{len(dataset)} samples cannot give every one of {world} ranks a batch of "
                              f"{batch_size}; lower trainer.batch_size or use more data")
-        self.pos = StreamPosition()
-        self._order: torch.Tensor | None = None
+        self.epoch, self.offset = 0, 0
+        self._perm: torch.Tensor | None = None
 
-    def _epoch_order(self, epoch: int) -> torch.Tensor:
+    def _permutation(self, epoch: int) -> torch.Tensor:
         n = len(self.ds)
-        order = (torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
-                 if self.shuffle else torch.arange(n))
-        return order[self.rank:self.per_rank * self.world:self.world]  # rank r: r, r+W, ...; same length everywhere
+        return (torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+                if self.shuffle else torch.arange(n))
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._order is None:
-            self._order = self._epoch_order(self.pos.epoch)
-        b = self.pos.batch
-        idx = self._order[b * self.bs:(b + 1) * self.bs]
-        g = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.pos.epoch) * 1_000_003 + b) * 1009 + self.rank)
+        if self._perm is None:
+            self._perm = self._permutation(self.epoch)
+        step = self._perm[self.offset:self.offset + self.global_batch]
+        idx = step[self.rank::self.world]
+        g = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + self.offset) * 1009
+                                          + self.rank)
         batch = self.ds.get(idx, g)
-        self.pos.batch += 1
-        if self.pos.batch == self.batches_per_epoch:
-            self.pos, self._order = StreamPosition(self.pos.epoch + 1, 0), None
+        self.offset += self.global_batch
+        if self.offset + self.global_batch > len(self.ds):
+            self.epoch, self.offset, self._perm = self.epoch + 1, 0, None
         return batch
 
     def state_dict(self) -> dict:
-        return {"epoch": self.pos.epoch, "batch": self.pos.batch}
+        """The job's position: the same on every rank, valid at any world size."""
+        return {"epoch": self.epoch, "offset": self.offset}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.pos, self._order = StreamPosition(int(sd["epoch"]), int(sd["batch"])), None
+        self.epoch, self.offset, self._perm = int(sd["epoch"]), int(sd["offset"]), None
+        if self.offset + self.global_batch > len(self.ds):  # saved at a world where one more batch fitted
+            self.epoch, self.offset = self.epoch + 1, 0
 
     def one_pass(self, max_batches: int | None = None):
         """Validation: this rank's shard in a fixed order, at most max_batches batches (same count on every rank)."""
-        order = self._epoch_order(0)
+        order = self._permutation(0)[self.rank:self.batches_per_epoch * self.global_batch:self.world]
         n = self.batches_per_epoch if max_batches is None else min(max_batches, self.batches_per_epoch)
         for b in range(n):
             yield self.ds.get(order[b * self.bs:(b + 1) * self.bs])

@@ -11,8 +11,9 @@ HydraConfig, `hydra.job.env_set`, Hydra's callbacks. The task (minidist.recipes.
 decides the run directory and writes .hydra/ from the main process once the run is
 validated (minidist.train.run_dir).
 
-A sweep stops at its first failed job: after an error inside a collective the process
-group cannot be trusted. The main process writes <sweep dir>/multirun.yaml before the
+A sweep stops at its first failed job (after an error inside a collective the process
+group cannot be trusted) and after a preempted one (the recipe then exits 75 for a requeue;
+re-running the sweep with the same hydra.sweep.dir and resume=auto skips the finished jobs). The main process writes <sweep dir>/multirun.yaml before the
 first job and prints a summary (also <sweep dir>/summary.jsonl) after the last.
 """
 
@@ -89,9 +90,15 @@ def launch(hydra_context, config: DictConfig, task, job_overrides: Sequence[Sequ
         ret = run_job(job_cfg, task, "hydra.sweep.dir", "hydra.sweep.subdir", hydra_context.callbacks)
         ret.wall_s = time.perf_counter() - t0
         runs.append(ret)
-        if ret.status is JobStatus.FAILED:
+        if ended_sweep(ret):
             break
     return runs
+
+
+def ended_sweep(ret: JobReturn) -> bool:
+    """A failed job, or one stopped by preemption (the process is about to be ended): no further job starts."""
+    value = ret._return_value
+    return ret.status is JobStatus.FAILED or (isinstance(value, dict) and bool(value.get("preempted")))
 
 
 def sweep(sweeper, arguments: list[str]) -> list[Sequence[JobReturn]]:
@@ -110,7 +117,7 @@ def sweep(sweeper, arguments: list[str]) -> list[Sequence[JobReturn]]:
         results = sweeper.launcher.launch(batch, initial_job_idx=start)
         returns.append(results)
         start += len(batch)
-        if any(r.status is JobStatus.FAILED for r in results):
+        if any(ended_sweep(r) for r in results):
             break
     if is_main():
         rows = summary_rows([r for batch in returns for r in batch])
@@ -143,8 +150,8 @@ def summary_rows(runs: Sequence[JobReturn]) -> list[dict]:
             row |= {"status": "failed", "error": f"{type(value).__name__}: {str(value).splitlines()[0] if str(value) else ''}"}
         else:
             value = value if isinstance(value, dict) else {}
-            status = "already finished" if value.get("finished_already") else \
-                "stopped" if value.get("stopped") else "done"
+            status = "already finished" if value.get("finished_already") else "preempted" \
+                if value.get("preempted") else "stopped" if value.get("stopped") else "done"
             row |= {"status": status, "run_dir": value.get("run_dir")}
             row |= {k: v for k, v in value.items() if k.startswith("val/")}
         rows.append(row)

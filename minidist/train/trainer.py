@@ -38,8 +38,12 @@ from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
 from minidist.train.parallelize import (build_mesh, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
                                         parallelize)
+from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config
 from minidist.train.task import make_task
+
+PREEMPTED = "PREEMPTED"
+"""Marker in the run directory: the last stop was a preemption (launch/slurm.sbatch requeues on it)."""
 
 
 @dataclass
@@ -60,8 +64,10 @@ class Run:
     ckpt: Checkpointer
     logger: NullLogger
     info: dict
+    preemption: PreemptionWatch | None = None
     start_step: int = 0
     stop_requested: bool = False
+    preempted: bool = False
     window: list = field(default_factory=list)
     """StepStats since the last logged step."""
     t0: float = field(default_factory=time.perf_counter)
@@ -119,25 +125,27 @@ def setup(cfg, topo: Topology, mesh, plan: RunPlan, request: RunRequest | None =
     stream = BatchStream(train_ds, tc.batch_size, rank, world, tc.seed)
     val_stream = BatchStream(val_ds, tc.batch_size, rank, world, tc.seed, shuffle=False)
     ckpt = Checkpointer(run_dir, tc.keep_last, model, optimizer, mesh)
-    start, resumed_from = _resume(cfg, ckpt, stream)
+    start, resumed_from = _resume(cfg, ckpt, stream)  # validates the checkpoint before any file is written
     logger = NullLogger()
     if is_main(mesh):
         write_config(plan, cfg, request)
         logger = RunLogger(run_dir, cfg, start, tc.steps, OmegaConf.to_container(cfg, enum_to_str=True),
                            plan.label)
+        (run_dir / PREEMPTED).unlink(missing_ok=True)
     if plan.message:
         logger.message(plan.message)
     if resumed_from is not None:
         logger.message(f"resumed from step {start} ({resumed_from})")
+    watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
     return Run(cfg, topo, mesh, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
-               start)
+               watch, start)
 
 
 def _resume(cfg, ckpt: Checkpointer, stream: BatchStream) -> tuple[int, Path | None]:
     """(first step to run, the checkpoint it comes from): restores model, optimizer, RNG and data position."""
     if cfg.resume == "never":
         return 0, None
-    d = ckpt.latest() if cfg.resume == "auto" else Path(cfg.resume)
+    d = ckpt.usable(None if cfg.resume == "auto" else Path(cfg.resume))
     if d is None:
         return 0, None
     state = ckpt.load(d)
@@ -155,6 +163,7 @@ def train_step(run: Run, step: int) -> StepStats:
     traced = (step + 1) % tc.log_interval == 0
     t0 = time.perf_counter()
     items = 0
+    run.preemption.start_step()  # outside the trace: the vote is not the step's communication
     with comm.trace() if traced else contextlib.nullcontext() as tr:
         step_loss = torch.zeros((), device=run.topo.device)  # summed on the device: no host sync
         for micro in range(tc.grad_accum):
@@ -274,12 +283,23 @@ def train(cfg, topo: Topology, callbacks: Sequence[Callback] = (), request: RunR
                 run.logger.message(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             for callback in callbacks:
                 callback(run, done)
+            if run.preemption.should_stop():
+                run.request_stop()
+                run.preempted = True
             stopping = run.stop_requested and done != tc.steps
             if (tc.ckpt_interval and done % tc.ckpt_interval == 0) or stopping:
                 save_checkpoint(run, done)
             if stopping:
-                run.logger.message(f"stopped after step {done}; resume=auto continues")
-                return {"run_dir": str(run.run_dir), "stopped": True, "step": done}
+                return _stopped(run, done)
         return finish(run)
     finally:
+        run.preemption.close()
         run.logger.close()
+
+
+def _stopped(run: Run, done: int) -> dict:
+    why = f"preempted ({run.preemption.caught or 'a signal on another rank'})" if run.preempted else "stopped"
+    if is_main(run.mesh) and run.preempted:
+        (run.run_dir / PREEMPTED).write_text(f"{done}\n")
+    run.logger.message(f"{why} after step {done}, checkpoint saved; resume=auto continues")
+    return {"run_dir": str(run.run_dir), "stopped": True, "preempted": run.preempted, "step": done}

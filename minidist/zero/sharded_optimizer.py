@@ -7,8 +7,13 @@
 Memory per rank for P parameters (fp32 AdamW, bytes): params 4P + grads 4P +
 state 8P/N, instead of 16P. Cost: after each step the updated parameters
 travel from their owner to everyone: one broadcast per (owner, dtype) of the
-owner's flat shard, P*4 bytes received per rank in all, which is what an
-all_gather of the shards would move, without padding the shards to one size.
+owner's flat shard, about 4P (N-1)/N bytes received per rank in all (every
+share but its own), which is what an all_gather of the shards would move,
+without padding the shards to one size.
+
+Checkpoints: state_dict() / load_state_dict() hold one rank's shard for the
+same rank at the same world size; sharded_state_dict() /
+load_sharded_state_dict(all ranks' dicts) resume at any world size.
 
 Why subclass torch.optim.Optimizer: lr schedulers (and anything else that
 reads `param_groups`) check isinstance(opt, Optimizer) and edit
@@ -103,7 +108,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 offset += p.numel()
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the state plus what is needed to refuse a mismatched load."""
+        """This rank's shard of the state, to be loaded back by the same rank at the same world size.
+
+        For a checkpoint that may be resumed at another world size, use sharded_state_dict().
+        """
         return {"shard": self.optim.state_dict(), "world_size": self.world_size, "rank": self.rank,
                 "owner": list(self._owner),
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
@@ -119,5 +127,52 @@ class ShardedOptimizer(torch.optim.Optimizer):
                              "one (different model or parameter order)")
         self.optim.load_state_dict(state_dict["shard"])
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
+            g.update(saved)
+        self.state = self.optim.state
+
+    def _all_params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """This rank's shard of the state, keyed by parameter position (over all groups), on the CPU.
+
+        Save every rank's dict; load_sharded_state_dict(all of them) restores the
+        state at any world size (the FSDP engine's sharded_state_dict convention).
+        """
+        index = {id(p): i for i, p in enumerate(self._all_params())}
+        state = {index[id(p)]: {k: v.detach().clone().cpu() if isinstance(v, torch.Tensor) else v
+                                for k, v in st.items()} for p, st in self.optim.state.items()}
+        return {"world_size": self.world_size, "rank": self.rank, "state": state,
+                "shapes": [tuple(p.shape) for p in self._all_params()],
+                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+
+    def load_sharded_state_dict(self, shards: list[dict[str, Any]]) -> None:
+        """Load from the sharded_state_dict() of ALL saved ranks, saved at any world size.
+
+        Each parameter's state comes whole from its saved owner; this rank keeps
+        the entries of the parameters it owns under the current partition.
+        """
+        by_rank = {s["rank"]: s for s in shards}
+        saved_world = shards[0]["world_size"] if shards else 0
+        if not shards or sorted(by_rank) != list(range(saved_world)):
+            raise ValueError(f"ShardedOptimizer.load_sharded_state_dict: need the sharded state dicts of all "
+                             f"{saved_world} saved ranks, got ranks {sorted(by_rank)}")
+        shapes = [tuple(p.shape) for p in self._all_params()]
+        if [tuple(s) for s in shards[0]["shapes"]] != shapes:
+            raise ValueError("ShardedOptimizer.load_sharded_state_dict: the saved parameter shapes differ from "
+                             "this optimizer's (different model or parameter order)")
+        state: dict[int, dict[str, Any]] = {}
+        for s in shards:
+            state.update(s["state"])
+        index = {id(p): i for i, p in enumerate(self._all_params())}
+        inner = self.optim.state_dict()  # the inner optimizer's own numbering of this rank's parameters
+        owned = [index[id(p)] for g in self.optim.param_groups for p in g["params"]]
+        # clone: the optimizer updates its state in place and must not write into the checkpoint
+        inner["state"] = {j: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state[i].items()}
+                          for j, i in enumerate(owned) if i in state}
+        inner["param_groups"] = [dict(saved, params=g["params"])
+                                 for saved, g in zip(shards[0]["param_groups"], inner["param_groups"])]
+        self.optim.load_state_dict(inner)
+        for g, saved in zip(self.param_groups, shards[0]["param_groups"]):
             g.update(saved)
         self.state = self.optim.state

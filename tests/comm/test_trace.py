@@ -1,6 +1,7 @@
 """The trace counts exactly the bytes of the ring formulas, and saves as JSON."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -16,8 +17,9 @@ def _traced_step(tmpdir):
         comm.all_reduce(x)
         comm.all_reduce(x, async_op=True).wait()
         comm.all_gather(torch.empty(1200 * n), torch.zeros(1200))  # S = full gathered tensor
-        comm.reduce_scatter(torch.empty(1200), torch.zeros(1200 * n))  # S = full input
-        comm.reduce_scatter(torch.empty(1200), torch.zeros(1200 * n), async_op=True).wait()  # gloo: no future
+        comm.reduce_scatter(torch.empty(1200), torch.zeros(1200 * n))  # S = full input; the ring on gloo
+        comm.reduce_scatter(torch.empty(1200), torch.zeros(1200 * n), async_op=True,
+                            algorithm="native").wait()  # gloo's own: an all_reduce inside, no future
         comm.broadcast(x, src=0)
         comm.reduce(x, dst=0)
         comm.all_to_all(torch.empty(1200), torch.zeros(1200))
@@ -32,15 +34,19 @@ def _traced_step(tmpdir):
         saved = json.load(f)
     assert len(saved["records"]) == len(t.records)
     assert all(r.completed_s is not None and r.completed_s >= r.issued_s for r in t.records)
+    assert [r["span_s"] for r in saved["records"]] == [r.span_s for r in t.records]
+    wire = [r.wire_bytes for r in t.records]
+    assert wire == [2 * r.sent_bytes if r.wire_op == "all_reduce" and r.op == "reduce_scatter" else r.sent_bytes
+                    for r in t.records] and t.wire_bytes == sum(wire)
     return [(r.op, r.payload_bytes, r.sent_bytes, r.group_size, r.dtype) for r in t.records], \
-        [(r.op, r.payload_bytes) for r in inner.records], t.summary()
+        [(r.op, r.payload_bytes) for r in inner.records], t.summary(), [(r.op, r.algorithm, r.wire_op) for r in t.records]
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_trace_bytes_equal_ring_formulas(run_dist, tmp_path, n):
     out = run_dist(n, _traced_step, str(tmp_path))
     s = 4800
-    for rank, (records, inner, summary) in enumerate(out):
+    for rank, (records, inner, summary, algorithms) in enumerate(out):
         root = rank == 0
         expected = [
             ("all_reduce", s, 2 * s * (n - 1) // n),
@@ -61,9 +67,48 @@ def test_trace_bytes_equal_ring_formulas(run_dist, tmp_path, n):
         assert records[-1][-1] == "float64"
         assert inner == [("all_reduce", 80)]
         assert "reduce_scatter" in summary and "all_reduce" in summary
+        assert algorithms[3:5] == [("reduce_scatter", "ring", "reduce_scatter"), ("reduce_scatter", "native", "all_reduce")]
+        assert all(a == "native" and w == op for op, a, w in algorithms[:3] + algorithms[5:])
 
 
 def test_ring_bytes_sent_world_one_is_zero():
     assert comm.ring_bytes_sent("all_reduce", 10**6, 1) == 0
     with pytest.raises(ValueError, match="unknown collective"):
         comm.ring_bytes_sent("allreduce", 1, 2)
+
+
+SKEW_S, COMPUTE_S = 1.0, 0.1
+
+
+def _overlapped_all_reduces():
+    """Rank 0 issues async all_reduces, computes (sleeps), then waits; rank 1 joins late."""
+    rank = dist.get_rank()
+    with comm.trace() as t:
+        comm.all_reduce(torch.ones(1024))  # synchronous, overlaps nothing
+        if rank == 1:
+            time.sleep(SKEW_S)  # a late peer: rank 0's all_reduces cannot finish before it joins
+        works = [comm.all_reduce(torch.ones(1024), async_op=True) for _ in range(4)]
+        time.sleep(COMPUTE_S)  # the compute they overlap
+        for w in works:
+            w.wait()
+    wire = t.wire_times()
+    rows = [(r.span_s, r.waited_s, r.exposed_s, w, r.issued_s, r.completed_s) for r, w in zip(t.records, wire)]
+    return rows, t.totals()["all_reduce"], t.summary(comm.CostModel(alpha=1e-4, beta=1e-9))
+
+
+def test_async_times_span_waited_exposed_wire(run_dist):
+    rows, totals, summary = run_dist(2, _overlapped_all_reduces)[0]  # rank 0's view
+    (span, waited, exposed, wire, *_), *queued = rows
+    assert waited == 0 and exposed == span == wire  # synchronous: the caller is blocked throughout
+    spans, waits, exposes, wires, issued, completed = zip(*queued)
+    assert spans[0] >= COMPUTE_S  # the first async one waited for the late peer through the compute
+    assert waits[0] < spans[0]  # the caller waited only after computing
+    assert all(e >= w for e, w in zip(exposes, waits))
+    assert all(w <= s for w, s in zip(wires, spans))
+    # later ones queued behind the first: their wire time excludes the queue and the compute
+    assert sum(wires[1:]) < COMPUTE_S <= min(spans)
+    # on one group the wire intervals do not overlap: they fit in the window, spans do not
+    assert sum(wires) <= max(completed) - min(issued) < sum(spans)
+    assert totals["span_s"] == pytest.approx(span + sum(spans))
+    assert totals["wire_s"] == pytest.approx(wire + sum(wires))
+    assert all(col in summary for col in ("span ms", "waited ms", "exposed ms", "wire ms", "ring ms"))

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from minidist.ddp.bucket import Bucket, BucketState, MiB, assign_buckets
+from minidist.ddp.bucket import Bucket, BucketState, MiB, ReducerPolicy, assign_buckets
 
 
 def _p(n, dtype=torch.float32):
@@ -54,8 +54,14 @@ def test_lifecycle_asserts_order():
 
 
 def test_small_first_bucket_only_by_default():
-    from minidist.ddp.reducer import ReducerPolicy
+    from minidist.ddp.bucket import ReducerPolicy
     default, explicit = ReducerPolicy(), ReducerPolicy(bucket_cap_mb=5)
     assert (default.first_bucket_bytes, default.bucket_cap_bytes) == (MiB, 25 * MiB), "torch's defaults"
     assert explicit.first_bucket_bytes == explicit.bucket_cap_bytes == 5 * MiB, "an explicit cap caps every bucket"
     assert ReducerPolicy(bucket_cap_mb=0.5).first_bucket_bytes == MiB // 2
+
+
+def test_bucket_cap_must_be_positive():
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match=f"bucket_cap_mb={bad} must be > 0"):
+            ReducerPolicy(bucket_cap_mb=bad)

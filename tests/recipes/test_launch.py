@@ -78,3 +78,26 @@ def test_plain_process_error_is_one_line(tmp_path):
     assert p.returncode == 1
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "data.root" in lines[0] and "data.download" in lines[0], p.stderr
+
+
+def test_sigterm_checkpoints_and_exits_for_requeue(tmp_path):
+    import signal
+    import time
+    cmd = [sys.executable, "-m", "recipes.train", "experiment=gpt_tiny", "strategy=single", "trainer.steps=100000",
+           "trainer.log_interval=1", "data.max_bytes=200000", f"out_dir={tmp_path}", "name=pre", "logger.mode=disabled"]
+    with open(tmp_path / "out", "w") as fo, open(tmp_path / "err", "w") as fe:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=fo, stderr=fe)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pre" / "metrics.jsonl").exists() or not (tmp_path / "pre" / "metrics.jsonl").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never logged a step"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # what SLURM or a cloud scheduler sends before the kill
+        assert proc.wait(timeout=60) == 75  # EXIT_PREEMPTED: requeue me
+    finally:
+        proc.kill()
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    step = int((tmp_path / "pre" / "PREEMPTED").read_text())
+    assert f"preempted (SIGTERM) after step {step}, checkpoint saved" in out, out + err
+    assert (tmp_path / "pre" / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
+    assert not _noise(err), err

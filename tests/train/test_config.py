@@ -58,6 +58,10 @@ def test_experiments_compose():
     ("+foo=1", ["unknown key 'foo'", "trainer", "resume"]),
     ("+trainer.foo=3", ["unknown key 'trainer.foo'", "ckpt_interval"]),
     ("~data", ["no data config", "stdlib", "cifar10", "synthetic"]),
+    ("strategy=hybrid_shard strategy.shard_size=0", ["strategy.shard_size=0 must be >= 1"]),
+    ("strategy.bucket_cap_mb=-1", ["strategy.bucket_cap_mb=-1.0 must be > 0"]),
+    ("trainer.log_interval=0", ["trainer.log_interval=0 must be >= 1"]),
+    ("trainer.preempt_signals=[SIGTERM,SIGFOO]", ["unknown signal 'SIGFOO'", "SIGUSR1"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     with pytest.raises(ConfigError) as info:

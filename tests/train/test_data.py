@@ -23,16 +23,21 @@ def _batches(stream, n):
     return [next(stream) for _ in range(n)]
 
 
+def _ids(ds, stream) -> list[int]:
+    """Window indices of the stream's next batch (TokenWindows over arange: first token // block)."""
+    return (next(stream)[0][:, 0] // 4).tolist()
+
+
 def test_rank_shards_are_disjoint_equal_and_reshuffled_per_epoch():
-    ds = TokenWindows(torch.arange(10 * 4 + 3) % 256, 4)  # 10 windows: world 3 keeps 9, batch 2 -> 1 batch/rank
-    streams = [BatchStream(ds, 2, r, 3, seed=7) for r in range(3)]
+    ds = TokenWindows(torch.arange(10 * 4 + 3) % 256, 4)  # 10 windows: world 3, batch 3 -> one global batch of 9
+    streams = [BatchStream(ds, 3, r, 3, seed=7) for r in range(3)]
     assert {s.batches_per_epoch for s in streams} == {1}  # same step count on every rank: no hang
-    firsts = [s.ds.get(s._epoch_order(0))[0][:, 0] // 4 for s in streams]
-    seen = torch.cat(firsts)
-    assert len(set(seen.tolist())) == len(seen) == 9  # disjoint
-    e0, e1 = streams[0]._epoch_order(0), streams[0]._epoch_order(1)
-    assert not torch.equal(e0, e1)  # reshuffled
-    assert torch.equal(e0, BatchStream(ds, 2, 0, 3, seed=7)._epoch_order(0))  # deterministic
+    epoch0 = [_ids(ds, s) for s in streams]
+    seen = [i for ids in epoch0 for i in ids]
+    assert len(set(seen)) == len(seen) == 9  # disjoint, equal
+    epoch1 = [_ids(ds, s) for s in streams]
+    assert epoch0 != epoch1  # reshuffled
+    assert epoch0[0] == _ids(ds, BatchStream(ds, 3, 0, 3, seed=7))  # deterministic
 
 
 def test_stream_position_resumes_exactly():
@@ -43,6 +48,23 @@ def test_stream_position_resumes_exactly():
     b.load_state_dict(a.state_dict())
     for (xa, ya), (xb, yb) in zip(_batches(a, 6), _batches(b, 6)):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)  # augmentation included
+
+
+def test_position_saved_at_two_ranks_continues_at_one_and_four():
+    ds = TokenWindows(torch.arange(64 * 4 + 1) % 256, 4)  # 64 windows
+    two = [BatchStream(ds, 4, r, 2, seed=5) for r in range(2)]
+    for s in two:
+        _batches(s, 3)  # 3 global batches of 8 consumed
+    state = two[0].state_dict()
+    assert state == two[1].state_dict() == {"epoch": 0, "offset": 24}
+    next_global = sorted(i for s in two for i in _ids(ds, s))  # what 2 ranks take next (8 windows)
+    one = BatchStream(ds, 8, 0, 1, seed=5)  # same global batch of 8 on one rank
+    one.load_state_dict(state)
+    assert sorted(_ids(ds, one)) == next_global
+    four = [BatchStream(ds, 2, r, 4, seed=5) for r in range(4)]
+    for s in four:
+        s.load_state_dict(state)
+    assert sorted(i for s in four for i in _ids(ds, s)) == next_global
 
 
 def test_synthetic_tokens_follow_a_learnable_chain():

@@ -1,0 +1,18 @@
+"""Runnable lessons: each measures one thing at world 2 on the CPU, prints a small table and
+checks one claim with an assertion (a failed claim exits non-zero).
+
+    torchrun --standalone --nproc_per_node=2 -m recipes.lessons.<name> [--small]
+    torchrun --standalone --nproc_per_node=2 -m recipes.lessons --all [--small]   # every lesson, one launch
+"""
+
+LESSONS = (
+    "bucket_sweep",
+    "rs_ag_is_all_reduce",
+    "fsdp_vs_ddp_bytes",
+    "fsdp_memory",
+    "prefetch",
+    "no_sync",
+    "zero1_vs_ddp",
+    "gloo_reduce_scatter",
+)
+"""Module names under recipes.lessons, in reading order."""

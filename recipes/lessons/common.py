@@ -1,0 +1,176 @@
+"""What every lesson shares: the run context, a table printer, the one checked claim,
+timing across ranks, emulated accelerator compute and a peak-memory probe.
+
+A lesson is a module with a `run(ctx)` function: it measures, prints one small
+table on rank 0 and ends with ctx.claim(text, holds). All ranks compute the
+verdict from the same (all-reduced) numbers; ctx.claim takes the minimum over
+ranks anyway, so every rank agrees and a failed claim exits non-zero everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from minidist import runtime
+from minidist.runtime import Topology
+
+
+class ClaimFailed(AssertionError):
+    """A lesson's claim did not hold on this run."""
+
+
+@dataclass
+class Context:
+    """Where a lesson runs and how big: `small` shrinks models and repeats for CI."""
+
+    topo: Topology
+    small: bool
+    claims: list[tuple[str, bool]] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return self.topo.rank
+
+    @property
+    def world(self) -> int:
+        return self.topo.world_size
+
+    def say(self, text: str = "") -> None:
+        if self.rank == 0:
+            print(text, flush=True)
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence]) -> None:
+        """Print a plain-text table on rank 0; floats are shown with 3 significant figures."""
+        def cell(v) -> str:
+            return f"{v:.3g}" if isinstance(v, float) else str(v)
+        cells = [[cell(v) for v in row] for row in rows]
+        widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+        lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths)),
+                 "  ".join("-" * w for w in widths)]
+        lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+        self.say("\n".join(lines))
+
+    def claim(self, text: str, holds: bool) -> None:
+        """Print the lesson's claim and its verdict; raise ClaimFailed (on every rank) if it fails."""
+        verdict = torch.tensor(int(bool(holds)))
+        dist.all_reduce(verdict, dist.ReduceOp.MIN)
+        ok = bool(verdict.item())
+        self.claims.append((text, ok))
+        self.say(f"claim: {text} -> {'holds' if ok else 'FAILS'}")
+        if not ok:
+            raise ClaimFailed(text)
+
+
+def max_over_ranks(value: float) -> float:
+    """The slowest rank's value: a step is as slow as its slowest rank."""
+    t = torch.tensor(float(value), dtype=torch.float64)
+    dist.all_reduce(t, dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def interleaved_times(fns: dict, repeats: int, warmup: int = 1,
+                      stat: Callable[[list[float]], float] = statistics.median) -> dict:
+    """Seconds of each fn (median of `repeats`, or `stat`), run in alternating order so that machine
+    noise hits all alike. stat=min reads the best case, which load on a shared machine disturbs least."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for rep in range(repeats):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {k: max_over_ranks(stat(v)) for k, v in times.items()}
+
+
+class _Sleep(torch.autograd.Function):
+    """Identity; forward sleeps `seconds`, backward twice that: compute that leaves the CPU free."""
+
+    @staticmethod
+    def forward(ctx, x, seconds: float, backward_only: bool):
+        ctx.seconds = seconds
+        if not backward_only:
+            time.sleep(seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(2 * ctx.seconds)
+        return grad, None, None
+
+
+def sleep(x: torch.Tensor, seconds: float, backward_only: bool = False) -> torch.Tensor:
+    """Emulated accelerator compute: on 2 CPU cores, real matmuls would fight gloo's threads for
+    the cores and hide nothing; a sleep occupies time, not a core, as a GPU kernel would."""
+    return _Sleep.apply(x, seconds, backward_only) if seconds > 0 else x
+
+
+class SleepLinear(torch.nn.Module):
+    """Linear(width, width) + tanh after an emulated-compute sleep (forward s, backward 2s)."""
+
+    def __init__(self, width: int, seconds: float = 0.0, backward_only: bool = False):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.seconds, self.backward_only = seconds, backward_only
+
+    def forward(self, x):
+        return torch.tanh(self.lin(sleep(x, self.seconds, self.backward_only)))
+
+
+def peak_bytes(step: Callable[[], object], *tracked: object) -> int:
+    """Peak bytes of live CPU tensor storage during step(), counting `tracked` modules/optimizers.
+
+    CPU tensors have no allocator statistics (torch.cuda.max_memory_allocated has no CPU
+    twin), so this uses torch's MemTracker, a dispatch mode that sees every tensor created
+    and every storage resize. Like the benchmarks, it is measured in its own untimed step.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+    mt = MemTracker()
+    with warnings.catch_warnings():  # MemTracker warns about the None grads it is handed; harmless
+        warnings.simplefilter("ignore", UserWarning)
+        mt.track_external(*tracked)
+        with mt:
+            step()
+    return int(mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+
+MiB = 2 ** 20
+
+
+def main_for(run: Callable[[Context], None], title: str) -> None:
+    """The entry point of `torchrun ... -m recipes.lessons.<name> [--small]`."""
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--small", action="store_true", help="small sizes and few repeats (CI)")
+    args = parser.parse_args()
+    run_lessons([run], args.small, [title])
+
+
+def run_lessons(runs: Sequence[Callable[[Context], None]], small: bool, titles: Sequence[str]) -> None:
+    """Run lessons in one process group, then end the process: exit code 1 if any claim failed."""
+    failed = 0
+    try:
+        with runtime.distributed("gloo", timeout_s=120) as topo:
+            torch.set_num_threads(1)
+            ctx = Context(topo, small)
+            for i, run in enumerate(runs):
+                ctx.say(f"\n== {titles[i]}")
+                torch.manual_seed(0)
+                try:
+                    run(ctx)
+                except ClaimFailed:
+                    failed += 1
+                dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
+        runtime.exit_on_error(exc)
+    runtime.exit_process(1 if failed else 0)
