@@ -116,3 +116,19 @@ def test_runs_never_mix(run_dist, tmp_path):
     assert main["unchanged"]  # the refused launch wrote nothing
     assert main["steps"] == [2, 4]  # one run's rows, each once
     assert main["model_file_diff"] == 0.0  # <run>/model.pt loads into the plain GPT: the final weights
+
+
+def _powersgd(out: str) -> list:
+    r = _run(TINY + ["strategy=ddp", "strategy.comm_hook=minidist.ddp.powersgd:powersgd_hook", f"out_dir={out}",
+                     "name=psgd", "trainer.steps=6", "trainer.log_interval=2"])
+    if not runtime.init("gloo").is_main:
+        return []
+    return [(row["step"], row["train/loss"], row.get("comm/all_reduce_bytes"))
+            for row in read_metrics(Path(r["run_dir"]) / "metrics.jsonl") if "train/loss" in row]
+
+
+def test_powersgd_from_the_recipe(run_dist, tmp_path):
+    rows = run_dist(2, _powersgd, str(tmp_path), timeout=240)[0]
+    (_, first_loss, plain), (_, _, compressed) = rows[0], rows[1]  # PowerSGD starts compressing at step 3
+    assert compressed < 0.5 * plain, rows  # the low-rank factors instead of the gradients
+    assert rows[-1][1] < first_loss, rows
