@@ -7,7 +7,7 @@ on all_gather / reduce_scatter).
 
 from importlib.metadata import PackageNotFoundError, version
 
-from minidist import comm, mesh, runtime
+from minidist import comm, mesh, models, runtime
 from minidist.ddp import DDP
 from minidist.fsdp import FSDP
 from minidist.runtime import Topology
@@ -18,4 +18,4 @@ try:
 except PackageNotFoundError:  # a checkout on sys.path, never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "comm", "mesh", "runtime", "Topology", "DDP", "ShardedOptimizer", "FSDP"]
+__all__ = ["__version__", "comm", "mesh", "models", "runtime", "Topology", "DDP", "ShardedOptimizer", "FSDP"]
