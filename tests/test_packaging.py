@@ -60,7 +60,7 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     assert words[0] == "0.1.0" and words[3] == "None", probe  # no top-level recipes package
     assert words[1].startswith(str(site)) and words[2] == str(site / "minidist" / "configs"), probe
     assert "n_layer: 2" in probe and "name: zero1" in probe and "--numel" in probe, probe
-    assert {"minidist-train", "minidist-tour"} <= {f.name for f in bindir.iterdir()}
+    assert {"minidist-train", "minidist-tour", "minidist-compare"} <= {f.name for f in bindir.iterdir()}
     tiny = ["experiment=gpt_tiny", "strategy=single", "trainer.steps=2", "trainer.log_interval=1",
             "data.max_bytes=100000", "hydra.run.dir=here"]
     run = _run([bindir / "minidist-train", *tiny], elsewhere, env)

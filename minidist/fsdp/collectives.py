@@ -137,6 +137,11 @@ class GradReduction:
         self._work = self._input = None  # the padded full gradient: S_unit bytes, free it now
         self._start_all_reduce()
 
+    @property
+    def buffers(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(padded input, until the reduce_scatter lands; the shard-sized output) - for memory accounting."""
+        return self._input, self._output
+
     def wait(self) -> torch.Tensor:
         """The averaged gradient shard, (shard_size,) in out_dtype. Call once."""
         self.advance()

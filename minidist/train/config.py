@@ -306,7 +306,10 @@ class RunConfig:
     backend: Backend = Backend.auto
     """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
     timeout_s: float = 300.0
-    """Seconds any collective may wait before the run fails instead of hanging."""
+    """Seconds any collective may wait before the run fails (naming the collective and the missing ranks)."""
+    debug_collectives: bool = False
+    """Before every collective, check that all ranks issue the same one (op, shapes, dtype, group, sequence):
+    one extra small all_gather each. Also MINIDIST_DEBUG_COLLECTIVES=1."""
 
 
 GROUPS: dict[str, dict[str, type]] = {

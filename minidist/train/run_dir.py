@@ -217,3 +217,12 @@ def _broadcast_text(text: str, topo: Topology, src: int) -> str:
         buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8, device=topo.device)
     comm.broadcast(buf, src=src)
     return bytes(buf[buf != 0].cpu().tolist()).decode()
+
+
+def run_dir_for(cfg, topo: Topology, mesh, prefix: str) -> Path:
+    """<out_dir>/<name>; without cfg.name, <prefix>-<time> on the main process's clock, shared with every
+    rank (for programs other than the trainer, e.g. minidist.compare; the trainer uses plan_run)."""
+    if cfg.name:
+        return Path(cfg.out_dir) / cfg.name
+    name = _broadcast_text(f"{prefix}-{stamp()}" if is_main(mesh) else "", topo, int(mesh.mesh.flatten()[0]))
+    return Path(cfg.out_dir) / name

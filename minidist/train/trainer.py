@@ -136,6 +136,7 @@ def setup(cfg, topo: Topology, mesh, plan: RunPlan, request: RunRequest | None =
         logger.message(plan.message)
     if resumed_from is not None:
         logger.message(f"resumed from step {start} ({resumed_from})")
+    comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
     return Run(cfg, topo, mesh, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
                watch, start)
@@ -264,6 +265,8 @@ def _sample(task, full_state: dict, n_bytes: int) -> str:
 def train(cfg, topo: Topology, callbacks: Sequence[Callback] = (), request: RunRequest | None = None) -> dict:
     """Run (or resume) the training described by cfg on every rank of topo; return the final metrics.
     request: the directory the launcher chose (see run_dir.RunRequest); None = <out_dir>/<name>."""
+    if cfg.debug_collectives:
+        comm.set_debug(True)
     mesh = build_mesh(cfg.strategy, topo)
     plan = plan_run(cfg, topo, mesh, request)
     if plan.action is Action.FINISHED:
