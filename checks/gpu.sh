@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The device check, one short script: every engine and the recipe on CUDA/NCCL at world 1.
-#   bash checks/gpu.sh            (on a GPU machine whose python3 has torch; hydra wheels in .whl/ if missing)
+#   bash checks/gpu.sh     (the project's .venv when there is one, else python3 with torch; PY=... to choose;
+#                           hydra wheels in .whl/ are installed to /tmp/site when present)
 set -uo pipefail
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi
+cd "$(dirname "$0")/.."
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+if [ -d .whl ]; then $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
-TR="python3 -m torch.distributed.run --standalone --nproc_per_node=1"
-nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+TR="$PY -m torch.distributed.run --standalone --nproc_per_node=1"
+RUNS=$(mktemp -d)  # fresh run directories: a finished run is not re-run
+nvidia-smi -L; $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 rc=0
 $TR checks/cuda_check.py || rc=1
 $TR recipes/collectives_tour.py --numel 4194304 2>&1 | tail -9 || rc=1
 for s in ddp zero1 full_shard; do
   $TR -m recipes.train experiment=gpt_tiny strategy=$s trainer.precision=bf16 trainer.steps=40 \
-      logger.mode=disabled out_dir=/tmp/gpu-runs name=$s 2>&1 | grep -E "final|baseline|error" || rc=1
+      logger.mode=disabled out_dir=$RUNS name=$s 2>&1 | grep -E "final|baseline|error" || rc=1
 done
 exit $rc

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Several machines: run this once on every node, with the same MASTER (host:port of any one
 # node, reachable from all), RUN and NNODES. torchrun's c10d rendezvous assigns the ranks.
-#   node A:  NNODES=2 NODE_RANK=0 MASTER=10.0.0.1:29500 RUN=gpt-2n launch/multinode.sh strategy=hybrid_shard
-#   node B:  NNODES=2 NODE_RANK=1 MASTER=10.0.0.1:29500 RUN=gpt-2n launch/multinode.sh strategy=hybrid_shard
-# outputs/$RUN must be on a filesystem every node sees (checkpoints are written per rank and
-# read back by all on restart). NPROC = processes per node (default: 1 per GPU, else 1).
+#   node A:  NNODES=2 MASTER=10.0.0.1:29500 RUN=gpt-2n launch/multinode.sh strategy=hybrid_shard
+#   node B:  NNODES=2 MASTER=10.0.0.1:29500 RUN=gpt-2n launch/multinode.sh strategy=hybrid_shard
+# The c10d rendezvous numbers the nodes itself (torchrun ignores --node_rank with it, and warns).
+# $OUT/$RUN (OUT defaults to <repo>/outputs) must be on a filesystem every node sees (checkpoints
+# are written per rank and read back by all on restart). NPROC = processes per node (default: 1
+# per GPU, else 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # torchrun would set 1 itself, with a warning
+OUT=${OUT:-$PWD/outputs}
 : "${NNODES:?set NNODES}" "${MASTER:?set MASTER=host:port}" "${RUN:?set RUN (the same on every node)}"
 TORCHRUN=${TORCHRUN:-$([ -x .venv/bin/torchrun ] && echo .venv/bin/torchrun || echo torchrun)}
 NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)}
 [ "${NPROC:-0}" -gt 0 ] || NPROC=1  # no GPU: CPU processes with gloo
-exec "$TORCHRUN" --nnodes="$NNODES" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$NPROC" \
+exec "$TORCHRUN" --nnodes="$NNODES" --nproc_per_node="$NPROC" \
     --rdzv_backend=c10d --rdzv_endpoint="$MASTER" --rdzv_id="$RUN" --max-restarts="${MAX_RESTARTS:-3}" \
-    -m "${ENTRY:-recipes.train}" name="$RUN" resume=auto trainer.ckpt_interval="${CKPT_INTERVAL:-100}" "$@"
+    -m "${ENTRY:-recipes.train}" out_dir="$OUT" name="$RUN" resume=auto trainer.ckpt_interval="${CKPT_INTERVAL:-100}" "$@"

@@ -5,10 +5,17 @@ of gradient buckets), zero (sharded optimizer state), fsdp (sharded parameters
 on all_gather / reduce_scatter).
 """
 
-from minidist import comm, mesh, runtime
+from importlib.metadata import PackageNotFoundError, version
+
+from minidist import comm, mesh, models, runtime
 from minidist.ddp import DDP
 from minidist.fsdp import FSDP
 from minidist.runtime import Topology
 from minidist.zero import ShardedOptimizer
 
-__all__ = ["comm", "mesh", "runtime", "Topology", "DDP", "ShardedOptimizer", "FSDP"]
+try:
+    __version__ = version("minidist")  # the installed distribution's metadata: pyproject.toml's version
+except PackageNotFoundError:  # a checkout on sys.path, never installed
+    __version__ = "0+unknown"
+
+__all__ = ["__version__", "comm", "mesh", "models", "runtime", "Topology", "DDP", "ShardedOptimizer", "FSDP"]

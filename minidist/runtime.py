@@ -169,8 +169,13 @@ def rank_prefix() -> str:
 def exit_on_error(exc: BaseException) -> None:
     """Print one line naming the error on this rank and exit 1, without a stack trace.
 
-    Set MINIDIST_TRACEBACK=1 to see the full trace.
+    Set MINIDIST_TRACEBACK=1 to see the full trace. The flight recorder dumps
+    this rank's last collectives first, and a backend timeout is reported as
+    the collective that did not complete and the ranks that never reached it.
     """
+    from minidist.comm import flight_recorder  # local: this module imports nothing of minidist at load
+
+    exc = flight_recorder.on_error(exc)
     if os.environ.get("MINIDIST_TRACEBACK"):
         raise exc
     # Backend errors (gloo, NCCL) append C++ frames after the first line: keep the message only.

@@ -38,6 +38,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_fsdp_memory_2": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode memory", 300),
     "bench_fsdp_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode overlap --steps 4", 600),
     "trace_overhead": ("python benchmarks/trace_overhead.py", 300),
+    "compare": (f"{TORCHRUN.format(n=2)} -m recipes.compare name=docs-compare", 600),
 }
 
 

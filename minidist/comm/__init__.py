@@ -5,6 +5,8 @@
     with comm.trace() as tr: ...             # what was sent, how many bytes, how long
     model = comm.calibrate(); model.predict("all_reduce", S, N)
     with comm.reduce_scatter_algorithm("ring"): ...   # or "native"; "auto" (default) picks by backend
+    comm.set_debug(True)                     # ranks agree on every collective first (fingerprint.py)
+    comm.flight_recorder.install_dump_handlers(run_dir)   # name a hang: flight_recorder.py
 """
 
 from torch.distributed import ReduceOp
@@ -22,7 +24,10 @@ from minidist.comm.collectives import (
     reduce_scatter,
     scatter,
 )
+from minidist.comm import flight_recorder
 from minidist.comm.cost import CostModel, calibrate
+from minidist.comm.fingerprint import CollectiveMismatchError, set_debug
+from minidist.comm.flight_recorder import CollectiveTimeoutError
 from minidist.comm.ring import reduce_scatter_algorithm, ring_reduce_scatter, set_reduce_scatter_algorithm
 from minidist.comm.trace import Record, Trace, ring_bytes_sent, trace
 
@@ -30,4 +35,5 @@ __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_to_all", "barrier", "broadcast",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
+    "flight_recorder", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",
 ]

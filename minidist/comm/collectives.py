@@ -35,7 +35,9 @@ and the backend's collective elsewhere (NCCL's is a ring already). The trace rec
 which ran and the bytes it really sends (Record.algorithm, Record.wire_bytes).
 PREMUL_SUM is not offered: it exists on NCCL only; scale, then SUM.
 
-Each call is recorded by every active minidist.comm.trace().
+Each call is recorded by every active minidist.comm.trace() and by the flight
+recorder (flight_recorder.py); with MINIDIST_DEBUG_COLLECTIVES=1 the ranks first
+check that they agree on it (fingerprint.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from minidist.comm import fingerprint as _fingerprint
+from minidist.comm import flight_recorder as _flight
 from minidist.comm import ring as _ring
 from minidist.comm import trace as _trace
 from minidist.comm.groups import global_rank
@@ -116,11 +120,19 @@ def _check_op(op) -> None:
 
 def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call: Callable,
            is_root: bool = False, algorithm: str = "native"):
-    """Run one collective; if a trace is active, record it with its issue time."""
+    """Run one collective: flight-record it, check its fingerprint (debug), record it in active traces."""
+    entry = _flight.issue(op, tensor, numel, group)
+    try:
+        if _fingerprint.ENABLED:
+            _fingerprint.check(op, tensor, numel, group, entry)
+        issued = time.perf_counter()
+        work = _flight.issued(entry, call())
+    except Exception as e:  # noqa: BLE001 - recorded as failed, then re-raised unchanged (a timeout: named)
+        _flight.on_failure(entry, e)
+        raise
     if not _trace._ACTIVE:
-        return call()
-    issued = time.perf_counter()
-    return _trace.record(op, tensor, numel, group, call(), issued, is_root=is_root, algorithm=algorithm)
+        return work
+    return _trace.record(op, tensor, numel, group, work, issued, is_root=is_root, algorithm=algorithm)
 
 
 def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], object], async_op: bool):

@@ -86,9 +86,14 @@ def _check_algorithm(name: str) -> None:
 
 def choose(algorithm: str | None, group: Group, tensor: torch.Tensor) -> str:
     """"native" or "ring": what runs for `algorithm` (None = the process default) on this group."""
+    return algorithm_for(dist.get_backend(group), tensor.device.type, algorithm)
+
+
+def algorithm_for(backend: str, device_type: str = "cpu", algorithm: str | None = None) -> str:
+    """"native" or "ring" for a backend and device, without a group (what an estimate assumes)."""
     name = _default_algorithm if algorithm is None else algorithm
     if name == "auto":
-        return "ring" if tensor.device.type == "cpu" and dist.get_backend(group) == "gloo" else "native"
+        return "ring" if device_type == "cpu" and backend == "gloo" else "native"
     _check_algorithm(name)
     return name
 

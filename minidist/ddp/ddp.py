@@ -21,7 +21,6 @@ What happens where:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from typing import Any, Iterator
 
 import torch
@@ -35,6 +34,7 @@ from minidist.ddp.comm_hooks import CommHook, default_state
 from minidist.ddp.join import Agreement, Join
 from minidist.ddp.reducer import Reducer
 from minidist.mesh import group_of
+from minidist.verify import verify_same_model
 
 
 class DDP(nn.Module):
@@ -67,7 +67,7 @@ class DDP(nn.Module):
         """The active join() block, if any."""
         named = list(module.named_parameters())  # tied parameters appear once
         self._buffers_to_sync = [b for b in module.buffers()]
-        _verify_same_model(named, list(module.named_buffers()), process_group)
+        verify_same_model(named, module.named_buffers(), process_group, "DDP")
         self._broadcast([p.detach() for _, p in named] + self._buffers_to_sync)
         trainable = [(n, p) for n, p in named if p.requires_grad]  # frozen ones are simply left out
         if not trainable:
@@ -168,40 +168,3 @@ class DDP(nn.Module):
             for w in works:
                 w.wait()
 
-
-def _describe(name: str, t: torch.Tensor, kind: str) -> str:
-    grad = f", requires_grad={t.requires_grad}" if kind == "parameter" else ""
-    return f"{kind} '{name}' shape={tuple(t.shape)} dtype={str(t.dtype).removeprefix('torch.')}{grad}"
-
-
-def _verify_same_model(params: list[tuple[str, nn.Parameter]], buffers: list[tuple[str, torch.Tensor]],
-                       group: dist.ProcessGroup | None) -> None:
-    """Raise on every rank if any rank built a different model, naming the first difference.
-
-    Two all_gathers of int64: the entry counts, then one 63-bit hash per
-    (name, shape, dtype, requires_grad), padded to the longest list. Every rank
-    sees the same table and so reaches the same verdict: no rank is left
-    waiting in a collective that the others skipped.
-    """
-    entries = [_describe(n, p, "parameter") for n, p in params] + [_describe(n, b, "buffer") for n, b in buffers]
-    world = dist.get_world_size(group)
-    if world == 1:
-        return
-    dev = params[0][1].device if params else torch.device("cpu")  # NCCL only moves device tensors
-    counts = torch.zeros(world, dtype=torch.int64, device=dev)
-    comm.all_gather(counts, torch.tensor([len(entries)], dtype=torch.int64, device=dev), group=group)
-    width = int(counts.max())
-    hashes = [int.from_bytes(hashlib.blake2b(e.encode(), digest_size=8).digest(), "little") >> 1 for e in entries]
-    mine = torch.tensor(hashes + [-1] * (width - len(hashes)), dtype=torch.int64)
-    table = torch.zeros(world * width, dtype=torch.int64, device=dev)
-    comm.all_gather(table, mine.to(dev), group=group)
-    table = table.view(world, width).cpu()
-    differs = (table != table[0]).any(dim=0).nonzero()
-    if differs.numel():
-        k = int(differs[0])
-        here = entries[k] if k < len(entries) else "nothing (this rank has fewer parameters/buffers)"
-        agree = [r for r in range(world) if int(table[r, k]) == int(mine[k])]
-        raise RuntimeError(
-            f"DDP: ranks built different models. Entry #{k} differs across ranks; this rank has {here}; "
-            f"ranks {agree} (of {world}) agree with this rank. Every rank must construct the same module "
-            f"(same parameter names, shapes and dtypes, in the same order) before wrapping it in DDP.")

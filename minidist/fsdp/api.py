@@ -38,6 +38,7 @@ from minidist.fsdp.param import FlatParamShard, ParamInfo
 from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS, Schedule
 from minidist.fsdp.unit import FSDPUnit, UnitPolicy
 from minidist.mesh import group_of
+from minidist.verify import verify_same_model
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
 
@@ -61,7 +62,8 @@ class MixedPrecisionPolicy:
     reduce_dtype: torch.dtype | None = None
 
 
-def _is_unit(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
+def wrap_predicate(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
+    """`wrap` (module classes, a predicate, or None) as a predicate: is this module its own unit?"""
     if policy is None:
         return lambda m: False
     if callable(policy) and not isinstance(policy, (set, frozenset, list, tuple)):
@@ -70,7 +72,7 @@ def _is_unit(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
     return lambda m: isinstance(m, classes)
 
 
-def _build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
+def build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
                  ) -> list[tuple[str, nn.Module, list[ParamInfo]]]:
     """Assign every parameter to one unit: the innermost unit holding all its uses.
 
@@ -174,12 +176,15 @@ class FSDP(nn.Module):
         self.mp_policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
         if max_inflight_all_gathers < 0:
             raise ValueError(f"max_inflight_all_gathers must be >= 0, got {max_inflight_all_gathers}")
-        self.mesh_info = _mesh_info(strategy, mesh, process_group)
+        self.mesh_info = info = _mesh_info(strategy, mesh, process_group)
+        for group, world in ((info.shard_group, info.shard_world), (info.replicate_group, info.replicate_world)):
+            if world > 1:  # different models would shard into different sizes: gloo aborts, NCCL hangs
+                verify_same_model(module.named_parameters(), module.named_buffers(), group, "FSDP")
         policy = UnitPolicy(strategy is ShardingStrategy.FULL_SHARD or strategy is ShardingStrategy.HYBRID_SHARD,
                             reduce_dtype)
         self._schedule: Schedule[FSDPUnit] = Schedule(forward_prefetch, backward_prefetch, max_inflight_all_gathers)
         self._units: list[FSDPUnit] = []
-        for name, m, infos in _build_units(module, _is_unit(wrap)):
+        for name, m, infos in build_units(module, wrap_predicate(wrap)):
             flat = FlatParamShard(infos, self.mesh_info.shard_rank, self.mesh_info.shard_world, param_dtype)
             self._units.append(FSDPUnit(m, flat, self.mesh_info, policy, self._schedule, name))
         self._schedule.units = self._units

@@ -146,6 +146,11 @@ class GradReduction:
         if self.stage is ReductionStage.REDUCE_SCATTER and self._work.is_completed():
             self.advance()
 
+    @property
+    def buffers(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(padded input, until the reduce_scatter lands; the shard-sized output) - for memory accounting."""
+        return self._input, self._output
+
     def wait(self) -> torch.Tensor:
         """The averaged gradient shard, (shard_size,) in out_dtype. Call once."""
         self.advance()

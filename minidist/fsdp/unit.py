@@ -132,6 +132,11 @@ class FSDPUnit:
             module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
             module.register_forward_hook(self._post_forward, with_kwargs=True)
 
+    @property
+    def reduction(self) -> GradReduction | None:
+        """The gradient reduction in flight (between post_backward and the end of backward), if any."""
+        return self._reduction
+
     def __repr__(self) -> str:
         return f"FSDPUnit({self.name or '<root>'}, {self.flat.total} params, {self.sharded_state.name})"
 

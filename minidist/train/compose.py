@@ -5,12 +5,16 @@
 Every schema in minidist.train.config is registered in Hydra's ConfigStore and
 each preset yaml names its schema in its defaults list, so OmegaConf rejects an
 unknown key or a wrong type; this module turns that rejection into one line
-naming the key and what is valid (ConfigError).
+naming the key and what is valid (ConfigError). Keys added with `+` bypass
+OmegaConf's check, so the composed tree is checked against the schemas again.
+The command line (minidist.recipes.train) composes every job here first, so a
+mistake is one line before any process group or file exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -21,17 +25,28 @@ from minidist.train.preemption import signal_number
 
 
 def register_schemas() -> None:
-    """Put every schema in Hydra's ConfigStore under schema/<group>/<name> (idempotent)."""
+    """Put every schema in Hydra's ConfigStore under schema/<group>/<name> (idempotent), with the
+    resolvers configs/config.yaml uses and minidist's Hydra launcher and sweeper (hydra/launcher=minidist)."""
+    import hydra_plugins.minidist_launcher.minidist_launcher  # noqa: F401 - stores hydra/{launcher,sweeper}/minidist
+
+    from minidist.train import help as app_help
+    from minidist.train.run_dir import hydra_dir
+
     cs = ConfigStore.instance()
     cs.store(name="schema_root", node=RunConfig)
     for group, options in GROUPS.items():
         for name, node in options.items():
             cs.store(group=f"schema/{group}", name=name, node=node)
+    OmegaConf.register_new_resolver("minidist.dir", hydra_dir, replace=True)
+    app_help.register_resolvers()
 
 
 class ConfigError(ValueError):
     """A configuration that does not compose; the message is one line."""
 
+
+WANDB_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline", "run": "online"}
+"""$WANDB_MODE values wandb accepts, and the mode each means."""
 
 _SCHEMAS = {cls.__name__: cls for opts in GROUPS.values() for cls in opts.values()} | {"RunConfig": RunConfig}
 
@@ -45,6 +60,9 @@ def _one_line(exc: BaseException) -> str:
         cause = cause.__cause__ or cause.__context__  # the OmegaConf error that names the key
     key = getattr(cause, "full_key", None)
     obj = getattr(cause, "object_type", None)
+    if str(exc).startswith("Multiple values for "):  # `+group=choice` for a group the defaults list has
+        group = str(exc).split()[3].rstrip(".")
+        return f"{group} is in the defaults list already: choose with {group}=<choice> (no '+')"
     if isinstance(exc, MissingConfigException) or "Could not find" in str(exc):
         text = str(exc)
         head = text.splitlines()[0]
@@ -61,22 +79,55 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and "provider=" not in line)
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose configs/config.yaml with command-line style overrides; raise ConfigError (one line)."""
+def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config",
+                   config_dir: str | None = None) -> DictConfig:
+    """Compose configs/<config_name>.yaml (also searched in config_dir: the command line's --config-name /
+    --config-dir) with command-line style overrides; raise ConfigError (one line).
+
+    A training config (root schema RunConfig) is checked by check() below; other primary configs
+    (compare) register their root schema first and check their own rules.
+    """
     from hydra import compose, initialize_config_dir
 
     register_schemas()
+    overrides = list(overrides)
+    if config_dir is not None:
+        if not Path(config_dir).is_dir():
+            raise ConfigError(f"--config-dir {config_dir}: no such directory")
+        overrides.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="train"):
+            cfg = compose(config_name=config_name, overrides=overrides)
     except Exception as exc:  # noqa: BLE001 - Hydra raises many kinds; all become one line
         raise ConfigError(_one_line(exc)) from exc
-    check(cfg)
+    if OmegaConf.get_type(cfg) is RunConfig:
+        check(cfg)
     return cfg
+
+
+def check_known_keys(node, path: str = "") -> None:
+    """Every key of a schema-typed node is a field of its schema (`+key=value` adds keys past OmegaConf)."""
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        fields = [f.name for f in dataclasses.fields(schema)]
+        for key in node.keys():
+            if key not in fields:
+                raise ConfigError(f"unknown key '{path}{key}'; valid keys here: {', '.join(fields)}")
+    for key in node.keys():
+        if not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
+            check_known_keys(node[key], f"{path}{key}.")
 
 
 def check(cfg: DictConfig) -> None:
     """Cross-group rules the schemas cannot express."""
+    for group, options in GROUPS.items():
+        if OmegaConf.is_missing(cfg, group):
+            raise ConfigError(f"no {group} config (removed with ~{group}?): every run needs one of "
+                              f"{', '.join(options)} ({group}=<choice>)")
+    check_known_keys(cfg)
+    wandb_mode = os.environ.get("WANDB_MODE")
+    if cfg.logger.mode is None and wandb_mode is not None and wandb_mode not in WANDB_MODES:
+        raise ConfigError(f"WANDB_MODE={wandb_mode!r} is not a wandb mode; use one of {', '.join(WANDB_MODES)}")
     model, data = cfg.model.name, cfg.data.source
     if model == "gpt" and data == "cifar10":
         raise ConfigError("model=gpt needs token data: use data=stdlib or data=synthetic")

@@ -26,7 +26,11 @@ from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS
 from minidist.models.gpt import GPTConfig
 from minidist.runtime import BACKENDS
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = (_PACKAGE_ROOT / "configs" if (_PACKAGE_ROOT / "configs" / "config.yaml").is_file()
+              else _PACKAGE_ROOT.parent / "configs")
+"""The yaml presets: minidist/configs inside an installed wheel (a copy of the checkout's
+top-level configs/, see pyproject.toml), else the checkout's configs/ itself."""
 
 
 class Precision(enum.Enum):
@@ -244,8 +248,8 @@ class TrainerConfig:
     """Steps between validation passes (0: only at the end)."""
     eval_batches: int = 20
     """Validation micro-batches per rank at intermediate evaluations (the final one uses all)."""
-    ckpt_interval: int = 0
-    """Steps between checkpoints (0: none)."""
+    ckpt_interval: int = 100
+    """Steps between checkpoints (0: none); the end of a run also writes <run>/model.pt."""
     keep_last: int = 2
     """Complete checkpoints to keep."""
     seed: int = 0
@@ -260,14 +264,17 @@ class TrainerConfig:
 
 @dataclass
 class WandbLogger:
-    """Weights & Biases, offline by default: files in <run dir>/wandb, never the network."""
+    """Weights & Biases. Each null field follows wandb's own environment variable, as in any
+    wandb script, and else minidist's default: offline files under <run dir>/wandb."""
 
-    mode: WandbMode = WandbMode.offline
-    """offline (files only), disabled, or online."""
-    project: str = "minidist"
-    """W&B project."""
+    mode: Optional[WandbMode] = None
+    """offline (files only), disabled, or online; null = $WANDB_MODE, else offline."""
+    project: Optional[str] = None
+    """W&B project; null = $WANDB_PROJECT, else minidist."""
+    dir: Optional[str] = None
+    """Parent of the wandb/ directory; null = $WANDB_DIR, else the run directory."""
     entity: Optional[str] = None
-    """W&B entity (team or user); null = default."""
+    """W&B entity (team or user); null = $WANDB_ENTITY, else your default."""
     tags: list[str] = field(default_factory=list)
     """Run tags."""
 
@@ -290,15 +297,20 @@ class RunConfig:
     logger: Any = MISSING
     """wandb settings."""
     name: Optional[str] = None
-    """Run name; output goes to <out_dir>/<name>. null = <model>-<strategy>-<timestamp> (rank 0 picks it)."""
+    """Run name; output goes to <out_dir>/<name>. null = <model>-<strategy>-<timestamp> (rank 0's clock).
+    An existing run's name needs resume=auto (or resume=<checkpoint>): runs never mix."""
     out_dir: str = "outputs"
     """Parent directory of run directories."""
     resume: str = "never"
-    """'never', 'auto' (latest complete checkpoint of this run, if any) or a checkpoint directory."""
+    """'never' (a new run), 'auto' (the run's latest complete checkpoint, if any; without a name: the latest
+    run of the same config under out_dir) or a checkpoint directory."""
     backend: Backend = Backend.auto
     """Process-group backend: auto (nccl with CUDA, else gloo), gloo or nccl."""
     timeout_s: float = 300.0
-    """Seconds any collective may wait before the run fails instead of hanging."""
+    """Seconds any collective may wait before the run fails (naming the collective and the missing ranks)."""
+    debug_collectives: bool = False
+    """Before every collective, check that all ranks issue the same one (op, shapes, dtype, group, sequence):
+    one extra small all_gather each. Also MINIDIST_DEBUG_COLLECTIVES=1."""
 
 
 GROUPS: dict[str, dict[str, type]] = {

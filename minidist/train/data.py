@@ -119,17 +119,26 @@ def cifar10(root: str, download: bool, group=None, device=None) -> dict[str, tup
 
     err = ""
     if dist.get_rank() == 0:
+        created = [p for p in (Path(root), *Path(root).parents) if not p.exists()]  # deepest first
         try:
             load()
         except Exception as exc:  # noqa: BLE001 - offline, missing or corrupt: one message
             err = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            for d in created:  # a failed download leaves no empty data/cifar10/ behind
+                try:
+                    d.rmdir()
+                except OSError:  # not empty (a partial download) or already gone: keep it
+                    break
     failed = torch.tensor([1 if err else 0], device=device)
     comm.broadcast(failed, src=0, group=group)
     if failed.item():
-        how = ("download failed (is this machine offline?)" if download else "data.download=false")
-        raise RuntimeError(
-            f"CIFAR-10 is not under data.root={root!r} and {how}; point data.root at a directory holding "
-            f"cifar-10-batches-py (a local copy), or set data.download=true on a machine with internet [{err}]")
+        if download:
+            how = ("the download failed (is this machine offline?); point data.root at a directory holding "
+                   "cifar-10-batches-py (a local copy) and set data.download=false")
+        else:
+            how = ("data.download=false; point data.root at a directory holding cifar-10-batches-py (a local "
+                   "copy), or set data.download=true on a machine with internet")
+        raise RuntimeError(f"CIFAR-10 is not under data.root={root!r} and {how} [{err}]")
     out = {}
     mean, std = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
     for split, ds in load().items():

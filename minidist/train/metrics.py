@@ -2,11 +2,17 @@
 
 Other ranks get a logger whose methods do nothing, so the loop calls the same
 methods everywhere and never writes a file from a non-zero rank.
+
+metrics.jsonl is strict JSON, one object per line: a NaN or infinite value is
+written as null (json.dumps would write NaN, which strict parsers reject). A
+resumed run first drops the rows after the step it resumes from, so the file
+reads as one run even when a crash lost the steps since the last checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -41,13 +47,14 @@ class RunLogger(NullLogger):
         from tqdm import tqdm
 
         self.run_dir = run_dir
+        keep_rows_up_to(run_dir / "metrics.jsonl", start_step)
         self.jsonl = open(run_dir / "metrics.jsonl", "a")
         self.bar = tqdm(total=total_steps, initial=start_step, desc=name, dynamic_ncols=True,
                         disable=not cfg.trainer.progress_bar, file=sys.stderr, mininterval=0.5)
         self.wandb = None
-        mode = cfg.logger.mode.value
-        if mode != "disabled":
-            self.wandb = _init_wandb(run_dir, cfg.logger, mode, name, config_dict)
+        settings = wandb_settings(cfg.logger, run_dir)
+        if settings["mode"] != "disabled":
+            self.wandb = _init_wandb(cfg.logger, settings, name, config_dict)
 
     def progress(self, step: int, postfix: dict) -> None:
         self.bar.n = step
@@ -55,7 +62,7 @@ class RunLogger(NullLogger):
         self.bar.refresh()
 
     def log(self, row: dict) -> None:
-        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.write(json.dumps(finite(row), allow_nan=False) + "\n")
         self.jsonl.flush()
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
@@ -71,8 +78,44 @@ class RunLogger(NullLogger):
             self.wandb = None
 
 
-def _init_wandb(run_dir: Path, logger_cfg, mode: str, name: str, config_dict: dict):
-    """wandb.init writing under <run dir>/wandb; offline never opens a socket to the W&B servers."""
+def finite(row: dict) -> dict:
+    """The row with every NaN or infinite float replaced by None (JSON null)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+def keep_rows_up_to(path: Path, step: int) -> None:
+    """Drop the rows after `step` (a resumed run redoes them); atomic, and a no-op when nothing is dropped."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [ln for ln in lines if _row_step(ln) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
+def _row_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf  # a line cut off by a crash: dropped
+
+
+def wandb_settings(logger_cfg, run_dir: Path) -> dict:
+    """mode, project and dir: the config's value if set, else wandb's environment variable, else
+    minidist's default (offline, project minidist, the run directory). Explicit values win, as in wandb.init."""
+    from minidist.train.compose import WANDB_MODES
+
+    mode = logger_cfg.mode.value if logger_cfg.mode is not None else \
+        WANDB_MODES.get(os.environ.get("WANDB_MODE", "offline"), "offline")
+    project = logger_cfg.project or os.environ.get("WANDB_PROJECT") or "minidist"
+    parent = logger_cfg.dir or os.environ.get("WANDB_DIR") or str(run_dir)
+    return {"mode": mode, "project": project, "dir": parent}
+
+
+def _init_wandb(logger_cfg, settings_: dict, name: str, config_dict: dict):
+    """wandb.init writing under <dir>/wandb; offline never opens a socket to the W&B servers."""
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_CONSOLE", "off")
     os.environ.setdefault("WANDB_DISABLE_GIT", "true")
@@ -81,9 +124,10 @@ def _init_wandb(run_dir: Path, logger_cfg, mode: str, name: str, config_dict: di
 
     settings = wandb.Settings(silent=True, console="off", disable_git=True, disable_code=True, save_code=False,
                               disable_job_creation=True, x_disable_stats=True, x_disable_machine_info=True)
-    return wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=name, id=name.replace("/", "-"),
-                      resume="allow", dir=str(run_dir), mode=mode, tags=list(logger_cfg.tags),
-                      config=config_dict, settings=settings)
+    Path(settings_["dir"]).mkdir(parents=True, exist_ok=True)
+    return wandb.init(project=settings_["project"], entity=logger_cfg.entity, name=name,
+                      id=name.replace("/", "-"), resume="allow", dir=settings_["dir"], mode=settings_["mode"],
+                      tags=list(logger_cfg.tags), config=config_dict, settings=settings)
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -1,11 +1,12 @@
 """The training loop, in phases, the same for every strategy and model.
 
-    run = setup(cfg, topo)                 # run dir, seed, mesh, model + wrappers, data, resume, logger
+    plan = plan_run(cfg, topo, mesh)       # where the run lives; nothing to do if it already finished
+    run = setup(cfg, topo, mesh, plan)     # seed, model + wrappers, data, resume, logger
     for step in range(run.start_step, cfg.trainer.steps):
         stats = train_step(run, step)      # grad_accum micro-batches, clip, optimizer step
         log_step(run, stats)               # on log steps only: the one host sync, a metrics row
         evaluate / save_checkpoint         # at their intervals
-    return finish(run)                     # final evaluation, sample, plot
+    return finish(run)                     # final evaluation, <run>/model.pt, sample, plot
 
 `train(cfg, topo)` runs exactly that. One optimizer step = grad_accum micro-batches
 per rank; only the last one communicates (the others run under no_sync), so a
@@ -31,13 +32,14 @@ from omegaconf import OmegaConf
 
 from minidist import Topology, comm
 from minidist.mesh import all_reduce_dp, dp_rank, dp_size, is_main
+from minidist.models.saved import save_model
 from minidist.train.checkpoint import Checkpointer
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
 from minidist.train.parallelize import (build_mesh, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
                                         parallelize)
 from minidist.train.preemption import PreemptionWatch
-from minidist.train.run_dir import run_dir_for
+from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config
 from minidist.train.task import make_task
 
 PREEMPTED = "PREEMPTED"
@@ -51,6 +53,7 @@ class Run:
     cfg: Any
     topo: Topology
     mesh: Any
+    plan: RunPlan
     run_dir: Path
     task: Any
     model: torch.nn.Module
@@ -106,11 +109,11 @@ def lr_at(step: int, optim_cfg, total_steps: int) -> float:
 
 
 # ----------------------------------------------------------------------------- setup
-def setup(cfg, topo: Topology) -> Run:
-    """Build the run on every rank: mesh, model and wrappers, optimizer, data, checkpoints; resume."""
+def setup(cfg, topo: Topology, mesh, plan: RunPlan, request: RunRequest | None = None) -> Run:
+    """Build the run on every rank: model and wrappers, optimizer, data, checkpoints; resume.
+    Nothing is written before all of it succeeded."""
     tc = cfg.trainer
-    mesh = build_mesh(cfg.strategy, topo)
-    run_dir = run_dir_for(cfg, topo, mesh)
+    run_dir = plan.dir
     torch.manual_seed(tc.seed)
     random.seed(tc.seed)
     task = make_task(cfg.model)
@@ -125,15 +128,18 @@ def setup(cfg, topo: Topology) -> Run:
     start, resumed_from = _resume(cfg, ckpt, stream)  # validates the checkpoint before any file is written
     logger = NullLogger()
     if is_main(mesh):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        write_config(plan, cfg, request)
         logger = RunLogger(run_dir, cfg, start, tc.steps, OmegaConf.to_container(cfg, enum_to_str=True),
-                           run_dir.name)
+                           plan.label)
         (run_dir / PREEMPTED).unlink(missing_ok=True)
+    if plan.message:
+        logger.message(plan.message)
     if resumed_from is not None:
         logger.message(f"resumed from step {start} ({resumed_from})")
+    comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
-    return Run(cfg, topo, mesh, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info, watch, start)
+    return Run(cfg, topo, mesh, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
+               watch, start)
 
 
 def _resume(cfg, ckpt: Checkpointer, stream: BatchStream) -> tuple[int, Path | None]:
@@ -218,7 +224,7 @@ def save_checkpoint(run: Run, step: int) -> None:
 
 # ---------------------------------------------------------------------------- finish
 def finish(run: Run) -> dict:
-    """Final evaluation on the whole validation split, a text sample and the plot (main process)."""
+    """Final evaluation on the whole validation split, the model file, a text sample and the plot."""
     tc = run.cfg.trainer
     final = evaluate(run, None)
     full_state = full_state_dict(run.model, run.mesh)
@@ -234,9 +240,12 @@ def finish(run: Run) -> dict:
                      f"{run.info['unigram_bpb']:.2f}, ratio {ratio:.2f} (lower is better)")
     if tc.sample_bytes and run.task.unit == "tokens":
         lines.append("sample:\n" + _sample(run.task, full_state, tc.sample_bytes))
+    model_file = save_model(run.run_dir, run.cfg.model, full_state, tc.steps)
     run.logger.log({"step": tc.steps, **{f"final/{k.split('/')[-1]}": v for k, v in final.items()}})
     png = plot(run.run_dir, run.task.unit)
-    lines.append(f"outputs in {run.run_dir} (metrics.jsonl, {png.name}, config.yaml)")
+    where = run.run_dir.resolve()
+    lines.append(f"outputs in {where} ({model_file.name}, metrics.jsonl, {png.name}, .hydra/config.yaml); "
+                 f"the model: minidist.models.load({str(where)!r})")
     for line in lines:
         run.logger.message(line)
     return result | {"model_state": full_state}
@@ -253,9 +262,18 @@ def _sample(task, full_state: dict, n_bytes: int) -> str:
 
 
 # ------------------------------------------------------------------------------ loop
-def train(cfg, topo: Topology, callbacks: Sequence[Callback] = ()) -> dict:
-    """Run (or resume) the training described by cfg on every rank of topo; return the final metrics."""
-    run = setup(cfg, topo)
+def train(cfg, topo: Topology, callbacks: Sequence[Callback] = (), request: RunRequest | None = None) -> dict:
+    """Run (or resume) the training described by cfg on every rank of topo; return the final metrics.
+    request: the directory the launcher chose (see run_dir.RunRequest); None = <out_dir>/<name>."""
+    if cfg.debug_collectives:
+        comm.set_debug(True)
+    mesh = build_mesh(cfg.strategy, topo)
+    plan = plan_run(cfg, topo, mesh, request)
+    if plan.action is Action.FINISHED:
+        if is_main(mesh):
+            print(plan.message, flush=True)
+        return {"run_dir": str(plan.dir), "stopped": False, "finished_already": True, "step": plan.step}
+    run = setup(cfg, topo, mesh, plan, request)
     tc = cfg.trainer
     try:  # the logger's files are closed however the loop ends (a crash included)
         for step in range(run.start_step, tc.steps):

@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
 from minidist.mesh import group_of
+from minidist.verify import verify_same_model
 from minidist.zero.partition import partition_by_numel
 
 
@@ -51,6 +52,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         all_params = [p for g in groups for p in g["params"]]
+        verify_same_model([(f"param {i}", p) for i, p in enumerate(all_params)], [], process_group, "ShardedOptimizer")
         self._owner = partition_by_numel(all_params, self.world_size)
         owner_of = {id(p): r for p, r in zip(all_params, self._owner)}
         local = [dict(g, params=[p for p in g["params"] if owner_of[id(p)] == self.rank]) for g in groups]

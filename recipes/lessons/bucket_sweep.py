@@ -72,7 +72,7 @@ def run(ctx: Context) -> None:
                               repeats=3 if ctx.small else 6, stat=min)
     rows, launch = [], {}
     for cap, (model, opt) in models.items():
-        sizes = [b.nbytes / 2**20 for b in model.reducer.buckets]
+        sizes = [b.flat.nbytes / 2**20 for b in model.reducer.buckets]
         launch[cap] = first_launch_ms(model, opt, x, 2 if ctx.small else 3)
         rows.append(["default (None)" if cap is None else cap, len(sizes), sizes[0], max(sizes),
                      launch[cap], times[cap] * 1e3])

@@ -44,7 +44,7 @@ def test_crashed_worker_restarts_from_checkpoint_and_finishes(tmp_path):
     assert rows[-1]["step"] == 12 and "final/loss" in rows[-1]
     assert {r["step"] for r in rows if "train/loss" in r} >= {2, 4, 6, 8, 10, 12}
     assert any("comm/all_reduce_bytes" in r for r in rows)  # the traced step's collectives
-    assert (run / "curves.png").stat().st_size > 0 and (run / "config.yaml").exists()
+    assert (run / "curves.png").stat().st_size > 0 and (run / ".hydra" / "config.yaml").exists()
     assert list((run / "wandb").glob("offline-run-*")), "wandb (offline) writes inside the run dir"
     assert not _noise(p.stderr.replace("injected crash", "")), _noise(p.stderr)
 

@@ -25,7 +25,15 @@ def test_every_strategy_and_model_composes_to_its_schema():
 def test_defaults_are_the_main_job():
     cfg = compose_config()
     assert (cfg.strategy.name, cfg.model.name, cfg.data.source, cfg.optim.name) == ("ddp", "gpt", "stdlib", "adamw")
-    assert cfg.logger.mode.value == "offline" and cfg.resume == "never"
+    assert cfg.logger.mode is None and cfg.resume == "never"  # mode: $WANDB_MODE, else offline
+    assert cfg.trainer.ckpt_interval == 100  # the main job leaves checkpoints to resume from
+
+
+def test_bad_wandb_mode_in_the_environment_is_one_line(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offfline")
+    with pytest.raises(ConfigError, match="WANDB_MODE='offfline'.*offline"):
+        compose_config()
+    compose_config(["logger.mode=disabled"])  # the config's own value wins: the environment is not read
 
 
 def test_experiments_compose():
@@ -46,6 +54,10 @@ def test_experiments_compose():
     ("nme=x", ["unknown key 'nme'", "name"]),
     ("experiment=resnet_synthetic data=cifar10", ["unknown key 'data.train_samples'", "root", "download"]),
     ("model=gpt data=cifar10", ["model=gpt needs token data"]),
+    ("experiment=gpt-tiny", ["experiment/gpt-tiny", "gpt_tiny", "resnet_synthetic"]),  # a typo is not ignored
+    ("+foo=1", ["unknown key 'foo'", "trainer", "resume"]),
+    ("+trainer.foo=3", ["unknown key 'trainer.foo'", "ckpt_interval"]),
+    ("~data", ["no data config", "stdlib", "cifar10", "synthetic"]),
     ("strategy=hybrid_shard strategy.shard_size=0", ["strategy.shard_size=0 must be >= 1"]),
     ("strategy.bucket_cap_mb=-1", ["strategy.bucket_cap_mb=-1.0 must be > 0"]),
     ("trainer.log_interval=0", ["trainer.log_interval=0 must be >= 1"]),

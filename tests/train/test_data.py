@@ -86,6 +86,8 @@ def _cifar_offline(root: str) -> str:
 
 
 def test_cifar_offline_error_names_the_settings(run_dist, tmp_path):
-    msgs = run_dist(2, _cifar_offline, str(tmp_path / "cifar"), timeout=120)
+    msgs = run_dist(2, _cifar_offline, str(tmp_path / "data" / "cifar"), timeout=120)
     for msg in msgs:  # every rank fails the same way, nobody hangs
-        assert "data.root" in msg and "data.download" in msg and "\n" not in msg, msg
+        assert "data.root" in msg and "data.download=false" in msg and "\n" not in msg, msg
+        assert "set data.download=true" not in msg, msg  # it already is
+    assert not (tmp_path / "data").exists()  # the failed download leaves no empty directories

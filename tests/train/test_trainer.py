@@ -1,11 +1,13 @@
 """The training loop at world 2 in the harness pool: every strategy learns and they agree;
-a stopped-and-resumed run ends bitwise equal to one that never stopped; ResNet on images."""
+a stopped-and-resumed run ends bitwise equal to one that never stopped; ResNet on images;
+runs never mix (a reused name is refused, resume=auto finds the run, a finished run is left alone)."""
 
 import math
 from pathlib import Path
 
 import torch
 
+import minidist
 from minidist import runtime
 from minidist.train import compose_config, train
 from minidist.train.metrics import read_metrics
@@ -79,3 +81,54 @@ def test_resnet_recipe_on_synthetic_images(run_dist, tmp_path):
     acc, losses = run_dist(2, _resnet, str(tmp_path), timeout=240)[0]
     assert losses[-1] < losses[0], losses
     assert acc > 0.25, acc  # 10 classes: chance is 0.1
+
+
+def _never_mix(out: str) -> dict:
+    base = TINY + ["strategy=ddp", f"out_dir={out}", "trainer.steps=4", "trainer.ckpt_interval=2",
+                   "trainer.log_interval=2", "data.max_bytes=100000"]
+    main = runtime.init("gloo").is_main
+    metrics = Path(out) / "a" / "metrics.jsonl"
+    _run(base + ["name=a"], [stop_after(2)])
+    before = metrics.read_text() if main else None
+    try:
+        _run(base + ["name=a"])  # the same name again, without resume=
+        refused = None
+    except RuntimeError as exc:
+        refused = str(exc)
+    got = {"refused": refused, "unchanged": metrics.read_text() == before if main else None}
+    rest = _run(base + ["resume=auto"])  # no name: the latest run of this config, which is "a"
+    got["again"] = _run(base + ["resume=auto", "name=a"])  # finished: nothing to do
+    got["rest_dir"] = rest["run_dir"]
+    if main:
+        got["steps"] = [r["step"] for r in read_metrics(metrics) if "train/loss" in r]
+        loaded = minidist.models.load(rest["run_dir"]).state_dict()
+        got["model_file_diff"] = max((loaded[k] - v).abs().max().item() for k, v in rest["model_state"].items())
+    return got
+
+
+def test_runs_never_mix(run_dist, tmp_path):
+    got = run_dist(2, _never_mix, str(tmp_path), timeout=240)
+    for rank in got:  # every rank refuses with the same line, and agrees on the rest
+        assert "already holds a run; resume=auto continues it" in rank["refused"], rank["refused"]
+        assert rank["rest_dir"] == str(tmp_path / "a")
+        assert rank["again"]["finished_already"] and rank["again"]["step"] == 4
+    main = got[0]
+    assert main["unchanged"]  # the refused launch wrote nothing
+    assert main["steps"] == [2, 4]  # one run's rows, each once
+    assert main["model_file_diff"] == 0.0  # <run>/model.pt loads into the plain GPT: the final weights
+
+
+def _powersgd(out: str) -> list:
+    r = _run(TINY + ["strategy=ddp", "strategy.comm_hook=minidist.ddp.powersgd:powersgd_hook", f"out_dir={out}",
+                     "name=psgd", "trainer.steps=6", "trainer.log_interval=2"])
+    if not runtime.init("gloo").is_main:
+        return []
+    return [(row["step"], row["train/loss"], row.get("comm/all_reduce_bytes"))
+            for row in read_metrics(Path(r["run_dir"]) / "metrics.jsonl") if "train/loss" in row]
+
+
+def test_powersgd_from_the_recipe(run_dist, tmp_path):
+    rows = run_dist(2, _powersgd, str(tmp_path), timeout=240)[0]
+    (_, first_loss, plain), (_, _, compressed) = rows[0], rows[1]  # PowerSGD starts compressing at step 3
+    assert compressed < 0.5 * plain, rows  # the low-rank factors instead of the gradients
+    assert rows[-1][1] < first_loss, rows

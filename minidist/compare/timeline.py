@@ -1,0 +1,129 @@
+"""The measured steps as a timeline: Chrome trace JSON (Perfetto, chrome://tracing) and a PNG.
+
+    trace = chrome_trace(raws)          # raws: every rank's raw results, every strategy
+    json.dump(trace, f); draw_png(raws, "timeline.png")
+
+Layout of the trace: one process per rank (pid = rank, named "rank r"); thread "compute"
+(tid 0) holds each step, inside it forward / backward / optimizer, inside those every wait on a
+collective; threads "comm", "comm 2", ... (tid 1, 2, ...) hold every collective from issue to
+completion, a new lane whenever one is issued before the previous one finished (the format
+wants the slices of one thread nested, and async collectives overlap). Complete events
+(ph "X"), microseconds since the barrier that started the comparison; the ranks' clocks are
+aligned at that barrier. The strategies ran one after the other, so they follow each other
+along the time axis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+OP_COLORS = {"all_reduce": "#d62728", "all_gather": "#9467bd", "reduce_scatter": "#8c564b",
+             "broadcast": "#e377c2", "barrier": "#7f7f7f"}
+PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
+US = 1e6
+
+
+def _x(name: str, cat: str, pid: int, tid: int, start: float, end: float, args: dict) -> dict:
+    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start * US,
+            "dur": max(0.0, end - start) * US, "args": args}
+
+
+def _meta(pid: int, tid: int | None, what: str, name: str) -> dict:
+    ev = {"name": what, "ph": "M", "pid": pid, "args": {"name": name}}
+    return ev | ({"tid": tid} if tid is not None else {})
+
+
+def _lanes(records: list[dict]) -> list[int]:
+    """A comm lane per record, so that records in one lane never overlap."""
+    ends: list[float] = []
+    lanes = [0] * len(records)
+    for i in sorted(range(len(records)), key=lambda i: records[i]["issued"]):
+        r = records[i]
+        end = r["completed"] if r["completed"] is not None else r["issued"]
+        lane = next((k for k, e in enumerate(ends) if e <= r["issued"]), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+        ends[lane] = end
+        lanes[i] = lane
+    return lanes
+
+
+def _compute_events(raw: dict, pid: int) -> list[dict]:
+    strategy = raw["strategy"]
+    events, steps = [], {}
+    for _, phase, step, start, end in raw["phases"]:
+        events.append(_x(phase, "phase", pid, 0, start, end, {"strategy": strategy, "step": step}))
+        w = steps.setdefault(step, [start, end])
+        w[0], w[1] = min(w[0], start), max(w[1], end)
+    for step, (start, end) in steps.items():
+        events.append(_x(f"{strategy} step {step}", "step", pid, 0, start, end, {"strategy": strategy}))
+    events += [_x("wait", "wait", pid, 0, start, end, {"strategy": strategy}) for _, start, end in raw["waits"]]
+    return events
+
+
+def _comm_events(raw: dict, pid: int) -> tuple[list[dict], int]:
+    records = raw["records"]
+    lanes = _lanes(records)
+    events = []
+    for r, lane in zip(records, lanes):
+        end = r["completed"] if r["completed"] is not None else r["issued"]
+        args = {k: r[k] for k in ("strategy", "group", "group_size", "dtype", "payload_bytes", "sent_bytes",
+                                  "async_op", "completion")}
+        events.append(_x(r["op"], "comm", pid, 1 + lane, r["issued"], end, args))
+    return events, max(lanes, default=-1) + 1
+
+
+def chrome_trace(raws: list[dict]) -> dict:
+    """Every rank's events of every strategy, merged: {"traceEvents": [...]} (see module docstring)."""
+    events: list[dict] = []
+    lanes: dict[int, int] = {}
+    for raw in raws:
+        pid = raw["rank"]
+        events += _compute_events(raw, pid)
+        comm, n = _comm_events(raw, pid)
+        events += comm
+        lanes[pid] = max(lanes.get(pid, 0), n)
+    for pid in sorted(lanes):
+        events += [_meta(pid, None, "process_name", f"rank {pid}"), _meta(pid, 0, "thread_name", "compute")]
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}})
+        events += [_meta(pid, 1 + k, "thread_name", "comm" if k == 0 else f"comm {k + 1}") for k in range(lanes[pid])]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def draw_png(raws: list[dict], path: Path) -> Path:
+    """One panel per strategy; per rank a compute row (phases, waits in black) and a comm row."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    strategies = list(dict.fromkeys(r["strategy"] for r in raws))
+    ranks = sorted({r["rank"] for r in raws})
+    fig, axes = plt.subplots(len(strategies), 1, figsize=(12, 1.0 + 0.9 * len(ranks) * len(strategies)), squeeze=False)
+    for ax, strategy in zip(axes[:, 0], strategies):
+        mine = [r for r in raws if r["strategy"] == strategy]
+        t0 = min((p[3] for r in mine for p in r["phases"]), default=0.0)
+        for raw in mine:
+            _draw_rank(ax, raw, t0, 2 * (len(ranks) - 1 - ranks.index(raw["rank"])))
+        ax.set_yticks([2 * i + off for i in range(len(ranks)) for off in (0.4, 1.4)])
+        ax.set_yticklabels([f"rank {r} {row}" for r in reversed(ranks) for row in ("comm", "compute")], fontsize=7)
+        ax.set_title(strategy, fontsize=9, loc="left")
+        ax.set_xlabel("ms since the first measured step", fontsize=8)
+    handles = [Patch(color=c, label=k) for k, c in (PHASE_COLORS | OP_COLORS).items()] + [Patch(color="black", label="wait")]
+    fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles))
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _draw_rank(ax, raw: dict, t0: float, y: float) -> None:
+    ms = lambda t: (t - t0) * 1e3  # noqa: E731
+    for _, phase, _, start, end in raw["phases"]:
+        ax.broken_barh([(ms(start), ms(end) - ms(start))], (y + 1.05, 0.7), color=PHASE_COLORS[phase])
+    waits = [(ms(a), ms(b) - ms(a)) for _, a, b in raw["waits"]]
+    ax.broken_barh(waits, (y + 1.05, 0.25), color="black")
+    for r in raw["records"]:
+        end = r["completed"] if r["completed"] is not None else r["issued"]
+        ax.broken_barh([(ms(r["issued"]), ms(end) - ms(r["issued"]))], (y + 0.05, 0.7),
+                       color=OP_COLORS.get(r["op"], "gray"), alpha=0.55)

@@ -1,0 +1,148 @@
+"""A tour of the collectives: every call of minidist.comm on small tensors, then what they cost.
+
+    torchrun --standalone --nproc_per_node=2 recipes/collectives_tour.py
+    torchrun --standalone --nproc_per_node=3 -m minidist.recipes.collectives_tour
+    minidist-tour                               # installed: a world of one
+    python recipes/collectives_tour.py          # from a checkout: a world of one
+
+Each rank writes its lines into a list; rank 0 prints them grouped by rank at
+the end of each act, so the output reads in order instead of interleaved. The
+last act times every collective under minidist.comm.trace() and prints the
+measured times beside the alpha-beta predictions (alpha and beta calibrated on
+this machine first).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+
+from minidist import comm, runtime
+from minidist.comm import ReduceOp
+
+
+class Transcript:
+    """This rank's lines; rank 0 prints every rank's, grouped by rank."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world, self.lines = rank, world, []
+
+    def show(self, label: str, value) -> None:
+        self.lines.append(f"rank {self.rank} | {label:34} {value}")
+
+    def flush(self, title: str) -> None:
+        everyone = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(self.lines, everyone, dst=0)
+        if self.rank == 0:
+            print(f"\n== {title}")
+            for lines in everyone:
+                print("\n".join(lines))
+        self.lines = []
+
+
+def act_one(out: Transcript) -> None:
+    """The four calls everybody uses: broadcast, all_reduce, reduce, all_gather."""
+    rank, world = out.rank, out.world
+    t = torch.tensor([rank * 100])
+    out.show("before broadcast", t.tolist())
+    comm.broadcast(t, src=0)
+    out.show("after broadcast(src=0)", t.tolist())
+    t = torch.tensor([float(rank + 1)])
+    comm.all_reduce(t, ReduceOp.SUM)
+    out.show("all_reduce SUM", t.tolist())
+    t = torch.tensor([float(rank + 1)])
+    comm.reduce(t, dst=0, op=ReduceOp.SUM)
+    note = "" if rank == 0 else "  <- not meaningful"  # whatever the backend left here
+    out.show("reduce SUM to dst=0", f"{t.tolist()}{note}")
+    mine = torch.tensor([rank * 10 + 1])
+    pieces = [torch.zeros_like(mine) for _ in range(world)]
+    comm.all_gather(pieces, mine)
+    out.show("all_gather", [p.item() for p in pieces])
+    for op in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.AVG):
+        t = torch.tensor([float(rank + 1)])
+        comm.all_reduce(t, op)
+        out.show(f"all_reduce {str(op).split('.')[-1]}", t.tolist())
+
+
+def act_two(out: Transcript) -> None:
+    """Handing pieces out and collecting them: scatter, gather, barrier."""
+    rank, world = out.rank, out.world
+    buf = torch.zeros(1)
+    comm.scatter(buf, [torch.tensor([i * 11.0]) for i in range(world)] if rank == 0 else None, src=0)
+    out.show("scatter from 0", buf.tolist())
+    bucket = [torch.zeros(1) for _ in range(world)] if rank == 0 else None
+    comm.gather(torch.tensor([rank + 0.5]), bucket, dst=0)
+    out.show("gather to 0", [b.item() for b in bucket] if rank == 0 else "not the destination")
+    comm.barrier()
+    out.show("past the barrier", "")
+
+
+def act_three(out: Transcript) -> None:
+    """The two FSDP is made of, and the one mixture-of-experts is made of."""
+    rank, world = out.rank, out.world
+    # Every rank holds [1, 2, ..., 2N] scaled by (rank + 1); the sum is split in N pieces of 2.
+    full = torch.arange(1, 2 * world + 1, dtype=torch.float32) * (rank + 1)
+    piece = torch.zeros(2)
+    comm.reduce_scatter(piece, full, ReduceOp.SUM)
+    out.show("reduce_scatter SUM (my piece)", piece.tolist())
+    gathered = torch.zeros(2 * world)
+    comm.all_gather(gathered, piece)
+    out.show("all_gather of the pieces", gathered.tolist())
+    out.show("  = all_reduce SUM of the input", (full / (rank + 1) * sum(range(1, world + 1))).tolist())
+    send = torch.tensor([float(rank * 10 + j) for j in range(world)])
+    recv = torch.zeros(world)
+    comm.all_to_all(recv, send)
+    out.show("all_to_all send", send.tolist())
+    out.show("all_to_all recv", recv.tolist())
+
+
+def act_four(out: Transcript, numel: int) -> None:
+    """Every collective on a real payload, traced, against the cost model."""
+    rank, world = out.rank, out.world
+    model = comm.calibrate()
+    x = torch.ones(numel)
+    with comm.trace() as t:
+        for _ in range(3):
+            comm.all_reduce(x)
+            comm.all_gather(torch.empty(numel), x.view(-1)[: numel // world])
+            comm.reduce_scatter(torch.empty(numel // world), x)
+            comm.broadcast(x, src=0)
+            comm.all_to_all(torch.empty(numel), x)
+        comm.barrier()
+    if rank == 0:
+        print(f"\n== cost: alpha = {model.alpha * 1e6:.1f} us, beta = {model.beta * 1e9:.3f} ns/byte "
+              f"({1 / model.beta / 1e9 if model.beta else float('inf'):.2f} GB/s), N = {world}, "
+              f"S = {numel * 4 / 1e6:.1f} MB per call")
+        print(t.summary(model))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script `minidist-tour`: one line per rank on an error, no wall of stack trace."""
+    try:
+        tour(argv)
+    except Exception as e:  # noqa: BLE001
+        runtime.exit_on_error(e)
+
+
+def tour(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="auto", choices=runtime.BACKENDS)
+    parser.add_argument("--numel", type=int, default=1 << 20, help="elements per traced call (act four)")
+    args = parser.parse_args(argv)
+    with runtime.distributed(args.backend, timeout_s=60) as topo:
+        torch.set_default_device(topo.device)  # cuda:LOCAL_RANK under nccl
+        out = Transcript(topo.rank, topo.world_size)
+        act_one(out)
+        out.flush("broadcast, all_reduce, reduce, all_gather")
+        act_two(out)
+        out.flush("scatter, gather, barrier")
+        act_three(out)
+        out.flush("reduce_scatter, all_gather, all_to_all")
+        numel = args.numel - args.numel % (topo.world_size * 4) or topo.world_size
+        act_four(out, numel)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""The training recipe: Hydra's command line in, a trained model, metrics and checkpoints out.
+
+    torchrun --standalone --nproc_per_node=2 -m minidist.recipes.train                # the main job (ddp)
+    torchrun --standalone --nproc_per_node=2 -m minidist.recipes.train strategy=full_shard model.n_layer=6
+    minidist-train experiment=gpt_tiny strategy=single                                # one process
+    minidist-train --help | --cfg job | --info | --hydra-help                        # Hydra's own flags
+    torchrun ... -m minidist.recipes.train --multirun strategy=ddp,full_shard model.n_layer=2,4
+
+Arguments are Hydra overrides of configs/config.yaml (groups: strategy, model, data,
+optim, trainer, logger, experiment) and Hydra's flags. In this order:
+
+1. Every job of the command line (one, or each job of a --multirun sweep) is composed
+   and checked first: a mistake is one line, before any process group or file exists.
+2. The process group is created once per process (torchrun's environment, or a world
+   of one), with the backend and timeout the jobs agree on.
+3. Hydra runs the jobs: the informational flags through Hydra's own `_run_hydra`, a
+   sweep through hydra/sweeper=minidist and hydra/launcher=minidist (every rank runs
+   the same jobs in the same order; see minidist.train.jobs), a single run through the
+   same per-job runner. Each job trains in its own directory (hydra.run.dir, or
+   hydra.sweep.dir/hydra.sweep.subdir), which only the main process writes.
+
+Hydra's flags and plugins are reached through hydra._internal (hydra-core is pinned to 1.3;
+tests/recipes/test_hydra.py covers every path).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+class Job:
+    """The task function Hydra calls once per job: train over the process group made once for all jobs."""
+
+    def __init__(self, callbacks=()):
+        self.topo = None
+        self.callbacks = callbacks
+        self.failure: BaseException | None = None
+        self.preempted = False
+
+    def __call__(self, cfg) -> dict:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        from omegaconf import OmegaConf
+
+        from minidist.train.run_dir import RunRequest
+        from minidist.train.trainer import train
+
+        try:
+            hc = HydraConfig.get()
+            chose_dir = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hc.overrides.hydra)
+            request = RunRequest(dir=Path(hc.runtime.output_dir), named=hc.mode == RunMode.MULTIRUN or chose_dir,
+                                 overrides=tuple(hc.overrides.task), hydra_yaml=OmegaConf.to_yaml({"hydra": hc}))
+            result = train(cfg, self.topo, self.callbacks, request)
+            result.pop("model_state", None)  # the sweep keeps every job's result: not its weights
+            self.preempted = bool(result.get("preempted"))  # the launcher starts no further job
+            return result
+        except Exception as exc:
+            self.failure = exc
+            raise
+
+
+def main(argv: list[str] | None = None, callbacks=()) -> None:
+    """The command line (console script minidist-train); callbacks go to train() (tests inject faults so)."""
+    from hydra._internal.utils import get_args_parser
+
+    from minidist import runtime
+    from minidist.train.compose import ConfigError
+
+    parser = get_args_parser()
+    args = parser.parse_args(_cfg_means_job(sys.argv[1:] if argv is None else list(argv)))
+    try:
+        cfgs = _check_jobs(args)
+    except ConfigError as exc:
+        runtime.exit_on_error(exc)
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        _informational(args, parser)
+        return
+    agreed = {(cfg.backend.value, float(cfg.timeout_s)) for cfg in cfgs}
+    if len(agreed) > 1:
+        runtime.exit_on_error(ConfigError("every job of a sweep needs the same backend and timeout_s: the process "
+                                          "group is created once, for all of them"))
+    backend, timeout_s = agreed.pop()
+    from minidist.train.preemption import EXIT_PREEMPTED
+
+    job = Job(callbacks)
+    try:
+        with runtime.distributed(backend, timeout_s) as topo:
+            from minidist.train.run_dir import share_stamp
+
+            job.topo = topo
+            share_stamp(topo)  # new run names carry rank 0's clock on every rank
+            if args.multirun:
+                _hydra_main(args, parser, job)
+            else:
+                _run_single(args, job)
+            if job.failure is not None:
+                raise job.failure
+        if job.preempted:  # checkpointed; torchrun's restart or a SLURM requeue resumes it (resume=auto)
+            runtime.exit_process(EXIT_PREEMPTED)
+    except KeyboardInterrupt:
+        runtime.exit_on_error(KeyboardInterrupt("interrupted"))
+    except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
+        runtime.exit_on_error(exc)
+    runtime.exit_process(0)  # the process group is gone; skip a teardown that can abort (see there)
+
+
+def _cfg_means_job(argv: list[str]) -> list[str]:
+    """A bare `--cfg` (minidist's older spelling) is Hydra's `--cfg job`."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in ("--cfg", "-c") and (i + 1 == len(argv) or argv[i + 1] not in ("job", "hydra", "all")):
+            out.append("job")
+    return out
+
+
+def _check_jobs(args) -> list:
+    """Compose every job of the command line with minidist's checks (ConfigError: one line)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from minidist.train.compose import ConfigError, compose_config, register_schemas
+
+    register_schemas()
+    if args.config_path is not None:
+        raise ConfigError("--config-path replaces minidist's configs; add a directory of your own configs "
+                          "with --config-dir instead")
+    if args.experimental_rerun is not None:
+        raise ConfigError("--experimental-rerun is not supported; rerun with the same overrides "
+                          "(<run>/.hydra/overrides.yaml) and resume=auto")
+    parser, parsed = OverridesParser.create(), []
+    for line in args.overrides:
+        try:
+            parsed.append(parser.parse_override(line))
+        except Exception as exc:  # noqa: BLE001 - Hydra's grammar errors: one line naming the override
+            raise ConfigError(f"cannot parse {line!r}: {' '.join(str(exc).split())}") from exc
+    sweeping = any(o.is_sweep_override() for o in parsed)
+    if sweeping and not args.multirun:
+        if args.cfg or args.help or args.info:
+            return []  # Hydra itself explains that a sweep needs --multirun
+        raise ConfigError(f"{' '.join(o.input_line for o in parsed if o.is_sweep_override())} is a sweep: "
+                          f"add --multirun (-m) to run one job per value")
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch] if sweeping \
+        else [list(args.overrides)]
+    return [compose_config(job, args.config_name or "config", args.config_dir) for job in jobs]
+
+
+def _informational(args, parser) -> None:
+    """--help, --hydra-help, --cfg, --info, --shell-completion: Hydra prints them (rank 0 only)."""
+    import os
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    _hydra_main(args, parser, task=None)
+
+
+def _hydra_main(args, parser, task) -> None:
+    """Hydra's own entry (what @hydra.main calls) over minidist's configs."""
+    from hydra._internal.utils import _run_hydra
+
+    from minidist.train.config import CONFIG_DIR
+
+    _run_hydra(args=args, args_parser=parser, task_function=task or _no_task, config_path=str(CONFIG_DIR),
+               config_name=args.config_name or "config")
+
+
+def _no_task(cfg) -> None:
+    raise AssertionError("informational commands run no job")
+
+
+def _run_single(args, job: Job) -> None:
+    """One job in hydra.run.dir, through minidist.train.jobs.run_job (Hydra's Hydra.run, minus its writes)."""
+    import os
+
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from minidist.train.config import CONFIG_DIR
+    from minidist.train.jobs import run_job
+
+    search_path = create_automatic_config_search_path(None, None, str(CONFIG_DIR))
+    if args.config_dir is not None:
+        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(args.config_dir)}",
+                            anchor=SearchPathQuery(provider="schema"))
+    hydra = Hydra.create_main_hydra2(task_name="train", config_search_path=search_path)
+    name = args.config_name or "config"
+    try:
+        cfg = hydra.compose_config(config_name=name, overrides=list(args.overrides), run_mode=RunMode.RUN,
+                                   with_log_configuration=False)
+        with open_dict(cfg):
+            cfg.hydra.mode = RunMode.RUN
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=name)
+        ret = run_job(cfg, job, "hydra.run.dir", None, callbacks)
+        callbacks.on_run_end(config=cfg, config_name=name, job_return=ret)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+if __name__ == "__main__":
+    main()
