@@ -4,7 +4,7 @@
     python -m recipes.compare --estimate model.n_layer=12           # predicted memory, nothing runs
 
 Modules, one concept each:
-    analytic    what each strategy must send per step, call by call (2S(N-1)/N, 3S(N-1)/N, ...)
+    analytic    what each strategy must send per step, call by call (2S(N-1)/N, (3S-S_root)(N-1)/N, ...)
     recorder    phases, waits and collectives of the measured steps on one rank
     intervals   union / intersection of time intervals (overlap arithmetic)
     analysis    raw measurements -> one row: bytes, algbw/busbw, compute vs exposed comm

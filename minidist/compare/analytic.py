@@ -34,7 +34,8 @@ from minidist.comm.trace import ring_bytes_sent
 from minidist.zero.partition import partition_by_numel
 
 CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "2S(N-1)/N + S", "shard_grad_op": "2S(N-1)/N",
-               "full_shard": "3S(N-1)/N", "hybrid_shard": "3S(G-1)/G + 2(S/G)(R-1)/R", "no_shard": "2S(N-1)/N",
+               "full_shard": "(3S-S_root)(N-1)/N", "hybrid_shard": "(3S-S_root)(G-1)/G + 2(S/G)(R-1)/R",
+               "no_shard": "2S(N-1)/N",
                "single": "0"}
 
 
@@ -137,9 +138,11 @@ def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, 
         return [Call("all_reduce", u * b, n) for u in lay.unit_numels]
     g = (shard_size or n) if strategy == "hybrid_shard" else n
     r = n // g
-    gathers = 1 if strategy == "shard_grad_op" else 2
     calls = []
-    for u in lay.unit_numels:
+    for i, u in enumerate(lay.unit_numels):
+        # full_shard gathers again in backward, except the unit that ends the forward (the root,
+        # first here), whose parameters stay gathered into backward (minidist.fsdp.unit)
+        gathers = 1 if strategy == "shard_grad_op" or i == 0 else 2
         s = _padded(u, g) * b
         calls += [Call("all_gather", s, g)] * gathers + [Call("reduce_scatter", s, g)]
         if r > 1:
