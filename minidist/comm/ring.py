@@ -86,7 +86,10 @@ def _check_algorithm(name: str) -> None:
 
 def choose(algorithm: str | None, group: Group, tensor: torch.Tensor) -> str:
     """"native" or "ring": what runs for `algorithm` (None = the process default) on this group."""
-    return algorithm_for(dist.get_backend(group), tensor.device.type, algorithm)
+    name = _default_algorithm if algorithm is None else algorithm
+    if name != "auto":  # an explicit choice needs no process group to answer
+        return algorithm_for("", tensor.device.type, name)
+    return algorithm_for(dist.get_backend(group), tensor.device.type, name)
 
 
 def algorithm_for(backend: str, device_type: str = "cpu", algorithm: str | None = None) -> str:

@@ -16,7 +16,7 @@ def test_every_lesson_runs_small_and_its_claim_holds():
            "-m", "recipes.lessons", "--all", "--small"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     claims = [line for line in out.stdout.splitlines() if line.startswith("claim: ")]
-    failed = [c for c in claims if not c.endswith("-> holds")]
+    failed = [c for c in claims if not (c.endswith("-> holds") or "-> timing not seen on this small run" in c)]
     assert out.returncode == 0 and not failed, "\n".join(failed) + "\n" + out.stdout[-3000:] + out.stderr[-2000:]
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr
     titles = [line for line in out.stdout.splitlines() if line.startswith("== lesson ")]
@@ -24,7 +24,7 @@ def test_every_lesson_runs_small_and_its_claim_holds():
     assert len(claims) == len(LESSONS), claims
 
 
-def _claims(verdicts):
+def _claims(verdicts, timing=(True, True), small=True):
     import torch
     import torch.distributed as dist
 
@@ -32,9 +32,9 @@ def _claims(verdicts):
     from recipes.lessons.common import ClaimFailed, Context
     topo = Topology(dist.get_rank(), dist.get_world_size(), dist.get_rank(), "gloo", torch.device("cpu"),
                     dist.group.WORLD)
-    ctx = Context(topo, small=True)
+    ctx = Context(topo, small=small)
     try:
-        ctx.claim("the claim", verdicts[dist.get_rank()])
+        ctx.claim("the claim", verdicts[dist.get_rank()], timing_holds=timing[dist.get_rank()])
     except ClaimFailed:
         return "failed"
     return "held"
@@ -44,3 +44,7 @@ def test_a_claim_fails_on_every_rank_if_it_fails_on_one(run_dist):
     """The assertion is real, and no rank goes on alone (it would wait in the next collective)."""
     assert run_dist(2, _claims, [True, True]) == ["held", "held"]
     assert run_dist(2, _claims, [True, False]) == ["failed", "failed"]
+    # a clock-decided part missed on one rank: tolerated in small (CI) runs only, bytes never
+    assert run_dist(2, _claims, [True, True], [True, False]) == ["held", "held"]
+    assert run_dist(2, _claims, [True, True], [True, False], False) == ["failed", "failed"]
+    assert run_dist(2, _claims, [False, True], [True, False]) == ["failed", "failed"]
