@@ -33,10 +33,10 @@ JOBS: dict[str, tuple[str, int]] = {
     "tour": (f"{TORCHRUN.format(n=2)} recipes/collectives_tour.py", 300),
     "lessons": (f"{TORCHRUN.format(n=2)} -m recipes.lessons --all", 900),
     "bench_ddp": (f"{TORCHRUN.format(n=2)} benchmarks/ddp_vs_torch.py --sleep-ms 0 20 --buckets 1 25 --repeats 6", 600),
-    "bench_fsdp_speed": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --rounds 4 --steps 4", 600),
+    "bench_fsdp_speed": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py", 600),
     "bench_fsdp_memory_1": (f"{TORCHRUN.format(n=1)} benchmarks/fsdp_vs_torch.py --mode memory", 300),
     "bench_fsdp_memory_2": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode memory", 300),
-    "bench_fsdp_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode overlap --steps 4", 600),
+    "bench_fsdp_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode overlap", 600),
     "trace_overhead": ("python benchmarks/trace_overhead.py", 300),
     "compare": (f"{TORCHRUN.format(n=2)} -m recipes.compare name=docs-compare", 600),
 }

@@ -6,7 +6,8 @@
 
 Strategies (N ranks, S bytes of parameters; bytes sent per rank per step, ring model):
 
-    full_shard     ZeRO-3: params, grads, optimizer state sharded.     3 S (N-1)/N
+    full_shard     ZeRO-3: params, grads, optimizer state sharded.     (3 S - S_root) (N-1)/N
+                   (the unit that ends forward, S_root, is not gathered again in backward)
     shard_grad_op  ZeRO-2: params stay gathered from forward to         2 S (N-1)/N
                    backward; grads and optimizer state sharded.
     no_shard       every rank holds everything; all_reduce (= DDP).     2 S (N-1)/N

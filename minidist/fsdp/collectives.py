@@ -8,8 +8,10 @@
 (S = bytes of the padded flat buffer, N = ranks of the shard group.) Per step,
 full_shard gathers twice (forward, and again in backward because it freed the
 parameters after forward) and reduces once: 3 S (N-1)/N, 1.5x DDP's 2 S (N-1)/N,
-the price of keeping only 1/N of the parameters between uses. shard_grad_op keeps
-the forward's gather for backward: 2 S (N-1)/N, like DDP.
+the price of keeping only 1/N of the parameters between uses, less the unit that
+ends the forward (the root, for a GPT), which stays gathered into backward:
+(3 S - S_root) (N-1)/N. shard_grad_op keeps the forward's gather for backward:
+2 S (N-1)/N, like DDP.
 
 The functions here are stateless: each starts a collective and returns a handle
 that owns what the collective still needs (its input, its output, its Work). The
