@@ -22,7 +22,8 @@ backward needs first: ends_forward() tells it to stay gathered.
 
 Reductions. `last_reduction` is the most recent unit's gradient reduction; the
 next unit finishes its reduce_scatter before starting its own (the memory bound
-explained in FSDPUnit._start_reduction).
+explained in FSDPUnit._start_reduction). `reducing` lists the units in the order
+their reductions started, the order the end of backward completes them in.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Schedule(Generic[U]):
         self.require_backward_grad_sync = True    # False inside FSDP.no_sync()
         self.end_of_backward_queued = False       # the autograd-engine callback of this backward
         self.last_reduction: GradReduction | None = None
+        self.reducing: list[U] = []               # units whose reduction started this backward, in issue order
         self.live_unsharded = 0                   # units whose `full` buffer is allocated now
         self.peak_live = 0                        # most of them at once (testing, stats)
 
@@ -109,5 +111,6 @@ class Schedule(Generic[U]):
         """Every unit finished its backward: reset what is per backward."""
         self.prefetched.clear()
         self.last_reduction = None
+        self.reducing.clear()
         self.end_of_backward_queued = False
         self.recording = False

@@ -65,7 +65,7 @@ import torch
 import torch.nn as nn
 
 from minidist.fsdp import collectives
-from minidist.fsdp.collectives import GradReduction, MeshInfo
+from minidist.fsdp.collectives import GradReduction, MeshInfo, ReductionStage
 from minidist.fsdp.param import FlatParamShard
 from minidist.fsdp.schedule import Schedule
 
@@ -260,6 +260,7 @@ class FSDPUnit:
         dtype = self.policy.reduce_dtype or self.flat.param_dtype
         self._reduction = collectives.start_reduction(self.flat.flat_grad(dtype), self.mesh, self.flat.dtype)
         self.schedule.last_reduction = self._reduction
+        self.schedule.reducing.append(self)
 
     # -- end of backward ------------------------------------------------------------------------
     def _finalize_backward(self) -> None:
@@ -283,15 +284,19 @@ def finish_backward(schedule: Schedule[FSDPUnit]) -> None:
     """End of backward (an autograd-engine callback): complete every reduction, reshard, reset.
 
     Units whose post_backward never ran (some trainable params got no gradient) reduce
-    here, so that every rank issues the same collectives in the same order. Every
-    reduce_scatter is finished (hybrid: every replica all_reduce started) before any
-    all_reduce is waited on, so the all_reduces overlap each other.
+    here, so that every rank issues the same collectives in the same order. Reductions
+    complete in the order they started: the last one (the first layer's, issued at the
+    very end of backward) is waited on last, so the other units' divides and hand-overs
+    run while it is still in flight. Every reduce_scatter is finished (hybrid: every
+    replica all_reduce started) before any all_reduce is waited on, so the all_reduces
+    overlap each other.
     """
     for u in schedule.units:
         u._finalize_backward()
-    for u in schedule.units:
-        if u._reduction is not None:
-            u._reduction.advance()
-    for u in schedule.units:
+    for u in schedule.reducing:
+        u._reduction.advance()
+        if u._reduction.stage is ReductionStage.DONE:  # no replica all_reduce to wait for
+            u._finish_reduction()
+    for u in schedule.reducing:
         u._finish_reduction()
     schedule.end_backward()
