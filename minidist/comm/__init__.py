@@ -12,6 +12,7 @@ from minidist.comm.collectives import (
     FinishingWork,
     all_gather,
     all_reduce,
+    all_reduce_coalesced,
     all_to_all,
     barrier,
     broadcast,
@@ -25,7 +26,7 @@ from minidist.comm.cost import CostModel, calibrate
 from minidist.comm.trace import Record, Trace, ring_bytes_sent, trace
 
 __all__ = [
-    "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_to_all", "barrier", "broadcast",
+    "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace",
 ]

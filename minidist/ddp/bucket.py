@@ -110,7 +110,7 @@ class BucketState(enum.Enum):
     FILLING = "filling"      # waiting for some of its gradients
     FULL = "full"            # every gradient is in; waiting for earlier buckets to launch
     REDUCING = "reducing"    # its collective (the comm hook's future) is in flight
-    REDUCED = "reduced"      # the future's result has been written back into `flat`
+    REDUCED = "reduced"      # the future's result is in `flat` (in place: in `grads`)
 
 
 class Bucket:
@@ -119,6 +119,12 @@ class Bucket:
     Layout: ``flat`` is 1-D, ``sum(p.numel())`` elements of one dtype/device;
     parameter j occupies ``flat[offsets[j] : offsets[j] + p.numel()]`` and
     ``views[j]`` is that slice shaped like the parameter (a view, no copy).
+    ``flat`` is allocated on first use: a bucket reduced in place (below) may
+    never need it, which saves one gradient-sized buffer.
+
+    In place (``in_place``, set by the reducer): this iteration's reduction works
+    on ``grads[j]``, the parameters' own gradient tensors, instead of copies in
+    ``flat`` (reducer.py: why).
 
     The method names ``buffer() / index() / parameters() / gradients() /
     is_last()`` mirror torch's ``GradBucket`` so that communication hooks read
@@ -133,14 +139,32 @@ class Bucket:
         self._is_last = is_last
         p0 = params[0]
         assert all(p.dtype == p0.dtype and p.device == p0.device for p in params), "one dtype/device per bucket"
-        numels = [p.numel() for p in params]
-        self.offsets = [sum(numels[:j]) for j in range(len(params))]
-        self.flat = torch.zeros(sum(numels), dtype=p0.dtype, device=p0.device)
-        self.views = [self.flat[o:o + n].view_as(p) for o, n, p in zip(self.offsets, numels, params)]
+        self.numels = [p.numel() for p in params]
+        self.offsets = [sum(self.numels[:j]) for j in range(len(params))]
+        self.nbytes = sum(self.numels) * p0.element_size()
+        self._flat: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
+        self.in_place = False
+        self.grads: list[torch.Tensor | None] = [None] * len(params)
+        """In place: the tensor that holds parameter j's gradient this iteration, once it is ready."""
         self.state = BucketState.FILLING
         self.pending = len(params)
         """Gradients still missing this iteration; the bucket is FULL at 0."""
         self.future: torch.futures.Future | None = None
+
+    @property
+    def flat(self) -> torch.Tensor:
+        if self._flat is None:
+            p0 = self.params[0]
+            self._flat = torch.zeros(sum(self.numels), dtype=p0.dtype, device=p0.device)
+            self._views = [self._flat[o:o + n].view_as(p)
+                           for o, n, p in zip(self.offsets, self.numels, self.params)]
+        return self._flat
+
+    @property
+    def views(self) -> list[torch.Tensor]:
+        self.flat  # noqa: B018 - allocates on first use
+        return self._views
 
     # torch GradBucket-style accessors, for comm hooks
     def buffer(self) -> torch.Tensor:
@@ -175,13 +199,14 @@ class Bucket:
         self.state = BucketState.REDUCING
 
     def finish(self) -> None:
-        """Wait for the reduction and leave its result in ``flat``."""
+        """Wait for the reduction and leave its result in ``flat`` (in place: it already is in ``grads``)."""
         assert self.state is BucketState.REDUCING, f"bucket {self._index}: finish while {self.state.name}"
         result = self.future.wait()
-        if isinstance(result, list):  # a raw Work future yields [tensor]
-            result = result[0]
-        if result.data_ptr() != self.flat.data_ptr():
-            self.flat.copy_(result.view_as(self.flat))
+        if not self.in_place:  # in place, the reduction already left the answers in grads
+            if isinstance(result, list):  # a raw Work future yields [tensor]
+                result = result[0]
+            if result.data_ptr() != self.flat.data_ptr():
+                self.flat.copy_(result.view_as(self.flat))
         self.future = None  # drop the Work: nothing stays referenced after backward
         self.state = BucketState.REDUCED
 
@@ -198,4 +223,5 @@ class Bucket:
     def reset(self) -> None:
         assert self.state is BucketState.REDUCED, f"bucket {self._index}: reset while {self.state.name}"
         self.pending = len(self.params)
+        self.grads = [None] * len(self.params)
         self.state = BucketState.FILLING

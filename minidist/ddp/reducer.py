@@ -69,6 +69,11 @@ from minidist.ddp.bucket import Bucket, BucketState, ReducerPolicy, assign_bucke
 from minidist.ddp.comm_hooks import CommHook
 
 
+IN_PLACE_MAX_BYTES = 32 * 2**20
+"""Larger buckets keep the flat path: gloo allocates its flat buffer afresh on every coalesced
+call, and glibc serves allocations of 32 MiB or more with fresh pages (mmap) every time."""
+
+
 class ReducerState(enum.Enum):
     LOCAL = "local"          # the last forward ran under no_sync: backward accumulates p.grad locally
     ARMED = "armed"          # the next backward reduces (its first hook starts REDUCING)
@@ -85,6 +90,8 @@ def _allreduce_presummed(state, bucket: Bucket) -> torch.futures.Future:
     above: why copy at the end).
     """
     group = state if isinstance(state, dist.ProcessGroup) else None
+    if bucket.in_place:
+        return comm.all_reduce_coalesced(bucket.grads, comm.ReduceOp.SUM, group=group, async_op=True).get_future()
     return comm.all_reduce(bucket.buffer(), comm.ReduceOp.SUM, group=group, async_op=True).get_future()
 
 
@@ -142,6 +149,7 @@ class Reducer:
             self.buckets.append(Bucket(b, [self.params[i] for i in ids], ids, is_last=b == len(groups) - 1))
             for j, i in enumerate(ids):
                 self._slot[i] = (b, j)
+        self._choose_in_place()
         if self.policy.gradient_as_bucket_view:  # existing grads move into the new buckets
             for i, p in enumerate(self.params):
                 if p.grad is not None:
@@ -155,7 +163,14 @@ class Reducer:
 
     @property
     def device(self) -> torch.device:
-        return self.buckets[0].flat.device
+        return self.buckets[0].params[0].device
+
+    def _choose_in_place(self) -> None:
+        """Reduce in place where the default reduction runs on the CPU without gradient_as_bucket_view."""
+        divided = getattr(self.comm_hook, _DIVIDED_INPUT, False)
+        in_place = divided and not self.policy.gradient_as_bucket_view and self.device.type == "cpu"
+        for bucket in self.buckets:
+            bucket.in_place = in_place and bucket.nbytes < IN_PLACE_MAX_BYTES
 
     def bucket_param_names(self) -> list[list[str]]:
         return [[self.names[i] for i in b.param_ids] for b in self.buckets]
@@ -201,7 +216,25 @@ class Reducer:
         if self.num_rebuilds == 0 and not self._order_done:
             self._ready_order.append(i)
         p, (b, j) = self.params[i], self._slot[i]
-        bucket, view = self.buckets[b], self.buckets[b].views[j]
+        bucket = self.buckets[b]
+        if bucket.in_place:
+            self._take_in_place(p, bucket, j)
+        else:
+            self._copy_into_bucket(p, bucket, j)
+        if bucket.mark_ready():
+            self._launch_full_buckets()
+
+    def _take_in_place(self, p: nn.Parameter, bucket: Bucket, j: int) -> None:
+        """p.grad itself, divided in place, is what the bucket reduces: no copy on this thread."""
+        g = p.grad
+        if g is None:
+            g = torch.zeros_like(p)  # unused this iteration (find_unused_parameters)
+        else:
+            g.mul_(self._prescale)
+        bucket.grads[j] = g
+
+    def _copy_into_bucket(self, p: nn.Parameter, bucket: Bucket, j: int) -> None:
+        view = bucket.views[j]
         g = p.grad
         scale = self._prescale
         if g is None:
@@ -216,8 +249,6 @@ class Reducer:
                 view.copy_(g)
             if self.policy.gradient_as_bucket_view:
                 p.grad = view  # from now on autograd accumulates straight into the bucket
-        if bucket.mark_ready():
-            self._launch_full_buckets()
 
     def _launch_full_buckets(self) -> None:
         """Launch every FULL bucket from the next one in order; stop at the first still FILLING."""
@@ -248,9 +279,10 @@ class Reducer:
                     continue
                 if self._postscale is not None:
                     bucket.flat.mul_(self._postscale)
-                for i, view in zip(bucket.param_ids, bucket.views):
+                results = bucket.grads if bucket.in_place else bucket.views
+                for i, result in zip(bucket.param_ids, results):
                     if globally_used is None or globally_used[i]:  # unused by every rank: p.grad stays
-                        self._write_grad(self.params[i], view)       # as it is, as in one process
+                        self._write_grad(self.params[i], result, bucket.in_place)  # as it is, as in one process
             for bucket in self.buckets:
                 bucket.reset()
             self._order_done = self.num_rebuilds == 0  # recorded once, used by the next forward
@@ -280,6 +312,8 @@ class Reducer:
         self._used = [False] * len(self.params)  # this rank contributes no gradient
         for bucket in self.buckets:
             bucket.flat.zero_()
+            if bucket.in_place:
+                bucket.grads = list(bucket.views)
             for _ in bucket.params:
                 bucket.mark_ready()
         self._finalize_backward(write_grads=False)  # launches them all, in order
@@ -290,8 +324,11 @@ class Reducer:
         comm.all_reduce(used, comm.ReduceOp.SUM, group=self.group)
         return (used > 0).tolist()
 
-    def _write_grad(self, p: nn.Parameter, view: torch.Tensor) -> None:
-        if self.policy.gradient_as_bucket_view:
+    def _write_grad(self, p: nn.Parameter, view: torch.Tensor, in_place: bool) -> None:
+        if in_place:
+            if p.grad is not view:  # p.grad was None: `view` is the zeros it contributed, reduced
+                p.grad = view
+        elif self.policy.gradient_as_bucket_view:
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 p.grad = view  # normally it already is the view, reduced in place
         elif p.grad is None:
@@ -318,6 +355,7 @@ class Reducer:
             raise RuntimeError("DDP: register_comm_hook must be called before the first backward")
         self.comm_hook, self.hook_state, self._hook_registered = hook, state, True
         self._set_divisor(self.world_size)
+        self._choose_in_place()
 
     def _set_divisor(self, d: int) -> None:
         """The coming average divides by d: pre-divide for the default hook, else rescale if d != N."""
