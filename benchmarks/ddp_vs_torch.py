@@ -23,8 +23,15 @@ Columns:
   comm     the all_reduce time of all buckets alone (blocking, back to back)
   exposed  step time minus the same step under no_sync (communication skipped), median of
            the paired differences
-  hidden   1 - exposed / comm: the share of the all_reduce that the backward hides
-           (goal >= 80% where the backward compute >= comm)
+  hidden   1 - exposed / comm: the share of the all_reduce that the backward hides, minidist's
+           then torch's (goal: >= torch's, and >= 90% where the backward compute >= comm)
+  host+    main-thread CPU time that synchronising adds to a step (thread time, synced step
+           minus no_sync step, medians), minidist's then torch's: copies, scaling, launches,
+           hooks. With a sleeping backward this host work sits on the critical path and no
+           overlap can hide it; unlike wall time it barely moves when the machine is loaded.
+
+Numbers taken on a loaded machine are noisy (gloo's threads then wait for a core): compare
+the engines within one run, and repeat a run before concluding.
 """
 
 from __future__ import annotations
@@ -82,8 +89,9 @@ class Net(nn.Module):
         return x
 
 
-def step_time(model, opt, x, y, sync: bool) -> float:
-    t0 = time.perf_counter()
+def step_time(model, opt, x, y, sync: bool) -> tuple[float, float]:
+    """(wall seconds, main-thread CPU seconds) of one step."""
+    c0, t0 = time.thread_time(), time.perf_counter()
     opt.zero_grad(set_to_none=True)
     if sync:
         F.mse_loss(model(x), y).backward()
@@ -91,7 +99,7 @@ def step_time(model, opt, x, y, sync: bool) -> float:
         with model.no_sync():
             F.mse_loss(model(x), y).backward()
     opt.step()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def comm_time(model: DDP) -> float:
@@ -116,20 +124,27 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
         for name in models:
             step_time(models[name], opts[name], x, y, True)
     t = {k: [] for k in ("ours", "torch", "ours_nosync", "torch_nosync", "comm")}
+    cpu = {k: [] for k in ("ours", "torch", "ours_nosync", "torch_nosync")}
     for rep in range(args.repeats):
         order = ["ours", "torch"] if rep % 2 == 0 else ["torch", "ours"]  # neither always goes first
         for name in order:
-            t[name].append(step_time(models[name], opts[name], x, y, True))
+            wall, host = step_time(models[name], opts[name], x, y, True)
+            t[name].append(wall)
+            cpu[name].append(host)
         for name in order:
-            t[name + "_nosync"].append(step_time(models[name], opts[name], x, y, False))
+            wall, host = step_time(models[name], opts[name], x, y, False)
+            t[name + "_nosync"].append(wall)
+            cpu[name + "_nosync"].append(host)
         t["comm"].append(comm_time(ours))
     med = {k: statistics.median(v) for k, v in t.items()}
+    host = {k: statistics.median(cpu[k]) - statistics.median(cpu[k + "_nosync"]) for k in ("ours", "torch")}
     # paired: each synced step minus the no_sync step right after it, so that slow drift cancels
     exposed = max(0.0, statistics.median(s - n for s, n in zip(t["ours"], t["ours_nosync"])))
     exposed_torch = max(0.0, statistics.median(s - n for s, n in zip(t["torch"], t["torch_nosync"])))
     return dict(bucket_mb=bucket_mb, sleep_ms=sleep_ms, ours=med["ours"], torch=med["torch"],
                 ratio=med["ours"] / med["torch"], comm=med["comm"], compute=med["ours_nosync"],
-                exposed=exposed, hidden=1 - exposed / med["comm"], hidden_torch=1 - exposed_torch / med["comm"],
+                exposed=exposed, exposed_torch=exposed_torch, hidden=1 - exposed / med["comm"],
+                hidden_torch=1 - exposed_torch / med["comm"], host=host["ours"], host_torch=host["torch"],
                 n_buckets=len(ours.reducer.buckets),
                 n_buckets_torch=theirs._get_ddp_logging_data().get("num_buckets_reduced", -1))
 
@@ -154,8 +169,10 @@ def main() -> None:
                   f"{grad_mb:.1f} MiB of gradients, batch {args.batch}/rank, median of {args.repeats} "
                   f"interleaved steps\n")
             print(f"{'sleep ms':>8} {'bucket MB':>9} {'buckets':>7} {'minidist ms':>11} {'torch ms':>9} "
-                  f"{'ratio':>6} {'compute ms':>10} {'comm ms':>8} {'exposed ms':>10} {'hidden':>7} "
-                  f"{'torch hidden':>12}")
+                  f"{'ratio':>6} {'compute ms':>10} {'comm ms':>8} {'exposed ms':>11} {'hidden':>9} "
+                  f"{'host+ ms':>9}")
+            print(f"{'':>8} {'':>9} {'md/torch':>7} {'':>11} {'':>9} {'':>6} {'':>10} {'':>8} {'md/torch':>11} "
+                  f"{'md/torch':>9} {'md/torch':>9}")
         ratios = []
         for sleep_ms in args.sleep_ms:
             for bucket_mb in args.buckets:
@@ -163,10 +180,12 @@ def main() -> None:
                 ratios.append(r["ratio"])
                 buckets = f"{r['n_buckets']}/{r['n_buckets_torch']}"
                 if topo.is_main:
+                    exposed = f"{r['exposed'] * 1e3:.1f}/{r['exposed_torch'] * 1e3:.1f}"
+                    hidden = f"{r['hidden']:.0%}/{r['hidden_torch']:.0%}"
+                    host = f"{r['host'] * 1e3:.1f}/{r['host_torch'] * 1e3:.1f}"
                     print(f"{sleep_ms:>8g} {bucket_mb:>9g} {buckets:>7} {r['ours'] * 1e3:>11.1f} "
                           f"{r['torch'] * 1e3:>9.1f} {r['ratio']:>6.2f} {r['compute'] * 1e3:>10.1f} "
-                          f"{r['comm'] * 1e3:>8.1f} {r['exposed'] * 1e3:>10.1f} {r['hidden']:>7.0%} "
-                          f"{r['hidden_torch']:>12.0%}", flush=True)
+                          f"{r['comm'] * 1e3:>8.1f} {exposed:>11} {hidden:>9} {host:>9}", flush=True)
         if topo.is_main:
             print(f"\nstep-time ratio minidist/torch, median over all rows: {statistics.median(ratios):.2f}")
             print("compute = the step under no_sync (no communication); hidden = 1 - exposed / comm")

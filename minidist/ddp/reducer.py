@@ -141,7 +141,7 @@ class Reducer:
     def _build(self, order: list[int]) -> None:
         """(Re)create the buckets for parameters taken in `order` (indices into self.params)."""
         groups = assign_buckets([self.params[i] for i in order], self.policy.bucket_cap_bytes,
-                                self.policy.first_bucket_bytes)
+                                self.policy.first_bucket_bytes, self.policy.last_bucket_bytes)
         self.buckets = []
         self._slot = [(-1, -1)] * len(self.params)
         for b, members in enumerate(groups):
