@@ -169,7 +169,7 @@ class Bucket:
 
     In place (``in_place``, set by the reducer): this iteration's reduction works
     on ``grads[j]``, the parameters' own gradient tensors, instead of copies in
-    ``flat`` (reducer.py: why).
+    ``flat`` (reduction.py: why).
 
     The method names ``buffer() / index() / parameters() / gradients() /
     is_last()`` mirror torch's ``GradBucket`` so that communication hooks read

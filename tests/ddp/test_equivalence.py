@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minidist import comm
 from minidist.ddp import DDP
-from minidist.ddp import reducer as reducer_module
+from minidist.ddp import reduction as reduction_module
 from tests.common import MLP
 from tests.ddp.helpers import batches, max_diff, train, unwrap
 
@@ -27,19 +27,19 @@ def _equivalence(opt_name: str) -> dict:
     torch.manual_seed(0)
     ref = train(MLP(), opt_name, data, shard=False)
     out = {}
-    default_limit = reducer_module.IN_PLACE_MAX_BYTES
+    default_limit = reduction_module.IN_PLACE_MAX_BYTES
     for cap, view, limit in CONFIGS:
         torch.manual_seed(100 + rank)  # different weights on every rank: construction must broadcast rank 0's
         net = MLP()
         if rank == 0:
             torch.manual_seed(0)
             net = MLP()
-        reducer_module.IN_PLACE_MAX_BYTES = limit or default_limit
+        reduction_module.IN_PLACE_MAX_BYTES = limit or default_limit
         try:
             model = DDP(net, bucket_cap_mb=cap, gradient_as_bucket_view=view)
             train(model, opt_name, data, shard=True)
         finally:
-            reducer_module.IN_PLACE_MAX_BYTES = default_limit
+            reduction_module.IN_PLACE_MAX_BYTES = default_limit
         out[f"minidist cap={cap} view={view} limit={limit}"] = max_diff(unwrap(model), ref)
         out[f"buckets cap={cap}"] = len(model.reducer.buckets)
         # in place: no flat buffer was ever allocated; through the flat buffer: it was
