@@ -3,12 +3,13 @@
 Two ways a bucket travels (``reduces_in_place`` chooses, per bucket):
 
 * **in place** (the default on the CPU): each ``p.grad`` is divided by N in
-  place and the bucket's gradients are all_reduced as one coalesced collective
-  (comm.all_reduce_coalesced). gloo packs them into one buffer, reduces it and
-  unpacks the sums straight into each ``p.grad`` on its own worker thread: the
-  thread running backward only divides (one pass, half the memory traffic of a
-  copy) and enqueues. Nothing is left to copy at the end of backward, and no
-  flat buffer is allocated (one gradient-sized buffer less).
+  place (one pass, half the memory traffic of a copy) and all_reduced where it
+  is: a gradient of SEPARATE_MIN_BYTES or more by its own all_reduce, the
+  bucket's smaller ones as one coalesced collective (comm.all_reduce_coalesced:
+  gloo packs them into one buffer and unpacks the sums into each ``p.grad`` on
+  its own worker thread). The thread running backward only divides and
+  enqueues; nothing is left to copy at the end of backward, and no flat buffer
+  is allocated (one gradient-sized buffer less).
 * **through the flat buffer**: ``p.grad`` is copied into its slot of the
   bucket's flat buffer (or with gradient_as_bucket_view already is that slot),
   the flat buffer is reduced, and at the end of backward the reducer copies
@@ -57,12 +58,25 @@ DIVIDED_INPUT = "_minidist_divided_input"
 """A hook with this attribute True gets gradients already divided (by N, or under join the divisor)."""
 
 
+SEPARATE_MIN_BYTES = 2**20
+"""In place, a contiguous gradient of at least this size is all_reduced on its own, not packed:
+packing costs two passes over it on the communication thread, more than one more collective."""
+
+
 def allreduce_presummed(state, bucket: Bucket) -> torch.futures.Future:
     """all_reduce(SUM) of gradients already divided by N: the bucket's own tensors, in place or flat."""
     group = state if isinstance(state, dist.ProcessGroup) else None
-    if bucket.in_place:
-        return comm.all_reduce_coalesced(bucket.grads, comm.ReduceOp.SUM, group=group, async_op=True).get_future()
-    return comm.all_reduce(bucket.buffer(), comm.ReduceOp.SUM, group=group, async_op=True).get_future()
+    if not bucket.in_place:
+        return comm.all_reduce(bucket.buffer(), comm.ReduceOp.SUM, group=group, async_op=True).get_future()
+    futures, packed = [], []
+    for g in bucket.grads:
+        if g.is_contiguous() and g.numel() * g.element_size() >= SEPARATE_MIN_BYTES:
+            futures.append(comm.all_reduce(g, comm.ReduceOp.SUM, group=group, async_op=True).get_future())
+        else:
+            packed.append(g)
+    if packed:
+        futures.append(comm.all_reduce_coalesced(packed, comm.ReduceOp.SUM, group=group, async_op=True).get_future())
+    return futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
 
 
 setattr(allreduce_presummed, DIVIDED_INPUT, True)
