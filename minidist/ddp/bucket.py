@@ -186,7 +186,6 @@ class Bucket:
         assert all(p.dtype == p0.dtype and p.device == p0.device for p in params), "one dtype/device per bucket"
         self.numels = [p.numel() for p in params]
         self.offsets = [sum(self.numels[:j]) for j in range(len(params))]
-        self.nbytes = sum(self.numels) * p0.element_size()
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
         self.in_place = False

@@ -49,10 +49,10 @@ from minidist import comm
 from minidist.ddp.bucket import Bucket, ReducerPolicy
 
 IN_PLACE_MAX_BYTES = 32 * 2**20
-"""Larger buckets travel through the flat buffer: gloo allocates its packing buffer afresh for
-every coalesced call, and glibc serves allocations of 32 MiB or more with fresh pages (mmap)
-each time; faulting them in cost more than the copies saved (measured: a fresh 33 MB buffer
-took 3x as long to fill as a reused one)."""
+"""A bucket whose packed part (the gradients not reduced alone) is larger travels through the
+flat buffer: gloo allocates its packing buffer afresh for every coalesced call, and glibc serves
+allocations of 32 MiB or more with fresh pages (mmap) each time; faulting them in cost more than
+the copies saved (measured: a fresh 33 MB buffer took 3x as long to fill as a reused one)."""
 
 DIVIDED_INPUT = "_minidist_divided_input"
 """A hook with this attribute True gets gradients already divided (by N, or under join the divisor)."""
@@ -63,6 +63,10 @@ SEPARATE_MIN_BYTES = 2**20
 packing costs two passes over it on the communication thread, more than one more collective."""
 
 
+def _reduced_alone(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.numel() * t.element_size() >= SEPARATE_MIN_BYTES
+
+
 def allreduce_presummed(state, bucket: Bucket) -> torch.futures.Future:
     """all_reduce(SUM) of gradients already divided by N: the bucket's own tensors, in place or flat."""
     group = state if isinstance(state, dist.ProcessGroup) else None
@@ -70,7 +74,7 @@ def allreduce_presummed(state, bucket: Bucket) -> torch.futures.Future:
         return comm.all_reduce(bucket.buffer(), comm.ReduceOp.SUM, group=group, async_op=True).get_future()
     futures, packed = [], []
     for g in bucket.grads:
-        if g.is_contiguous() and g.numel() * g.element_size() >= SEPARATE_MIN_BYTES:
+        if _reduced_alone(g):
             futures.append(comm.all_reduce(g, comm.ReduceOp.SUM, group=group, async_op=True).get_future())
         else:
             packed.append(g)
@@ -87,8 +91,9 @@ def takes_divided_input(hook) -> bool:
 
 
 def reduces_in_place(hook, policy: ReducerPolicy, bucket: Bucket) -> bool:
+    packed = sum(p.numel() * p.element_size() for p in bucket.params if not _reduced_alone(p))
     return (takes_divided_input(hook) and not policy.gradient_as_bucket_view
-            and bucket.params[0].device.type == "cpu" and bucket.nbytes < IN_PLACE_MAX_BYTES)
+            and bucket.params[0].device.type == "cpu" and packed < IN_PLACE_MAX_BYTES)
 
 
 def scales(hook, world_size: int, divisor: int) -> tuple[float | None, float | None]:
