@@ -4,8 +4,9 @@ all_reduce the backward hides.
     OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/ddp_vs_torch.py
     ... benchmarks/ddp_vs_torch.py --sleep-ms 0 20 --buckets 1 5 25 100 --repeats 6
 
-Same model, same data, same bucket_cap_mb (so the same bucket layout: the
-"buckets" column shows both engines' counts), world 2, gloo on the CPU. For
+Same model, same data, same bucket_cap_mb (the same buckets, except that
+minidist caps its last bucket at min(1 MiB, cap): the "buckets" column shows
+both engines' counts), world 2, gloo on the CPU. For
 every bucket size and backward-sleep setting, minidist and torch steps are
 interleaved (minidist, torch, minidist under no_sync, torch under no_sync,
 repeated; the two swap places every repeat) after warm-up steps (both rebuild
@@ -28,7 +29,7 @@ Columns:
   host+    main-thread CPU time that synchronising adds to a step (thread time, synced step
            minus no_sync step, medians), minidist's then torch's: copies, scaling, launches,
            hooks. With a sleeping backward this host work sits on the critical path and no
-           overlap can hide it; unlike wall time it barely moves when the machine is loaded.
+           overlap can hide it; it moves much less than wall time when the machine is loaded.
 
 Numbers taken on a loaded machine are noisy (gloo's threads then wait for a core): compare
 the engines within one run, and repeat a run before concluding.
