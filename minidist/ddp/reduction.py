@@ -24,8 +24,8 @@ accelerator compute, 32 MiB of gradients, world 2, 2 cores): the copy into each
 bucket and the copy back into p.grad are host work on the critical path that no
 overlap can hide (a 32 MiB copy takes ~7-12 ms there). In place, the
 main-thread CPU time that synchronising adds to a step fell from 13-18 ms (as
-torch's DDP) to 4-12 ms, the wall time from the last gradient to the end of
-backward from ~7 ms (torch's too) to ~1 ms, and the share of the all_reduce
+torch's DDP) to 4-12 ms, the shortest wall time from the last gradient to the
+end of backward from ~7 ms (torch's too) to ~1 ms, and the share of the all_reduce
 hidden at 1-25 MB buckets from 2-77% to 64-75% (torch: 27-63%).
 
 The reducer's own reduction (``allreduce_presummed``, used when no hook is
