@@ -15,6 +15,7 @@ from minidist.comm.collectives import (
     FinishingWork,
     all_gather,
     all_reduce,
+    all_reduce_coalesced,
     all_to_all,
     barrier,
     broadcast,
@@ -32,7 +33,7 @@ from minidist.comm.ring import reduce_scatter_algorithm, ring_reduce_scatter, se
 from minidist.comm.trace import Record, Trace, ring_bytes_sent, trace
 
 __all__ = [
-    "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_to_all", "barrier", "broadcast",
+    "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
     "flight_recorder", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",

@@ -171,6 +171,35 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, as
     return _issue("all_reduce", tensor, tensor.numel(), group, call)
 
 
+def all_reduce_coalesced(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, *, group: Group = None,
+                         async_op: bool = False):
+    """all_reduce every tensor of `tensors` (one dtype and device), in place, as one collective.
+
+    gloo flattens them into one buffer, reduces it and copies the result back,
+    all on its own worker thread (the caller's thread only enqueues); NCCL runs
+    one all_reduce per tensor in one group. Traced as one all_reduce of their
+    total size. Calls the process group directly: torch's wrapper
+    (dist.all_reduce_coalesced) warns that it is deprecated.
+    """
+    _check_op(op)
+    tensors = list(tensors)
+    avg_on_gloo = op == ReduceOp.AVG and _is_gloo(group)
+
+    def call():
+        opts = dist.AllreduceCoalescedOptions()
+        opts.reduceOp = ReduceOp.SUM if avg_on_gloo else op
+        work = (group or dist.group.WORLD).allreduce_coalesced(tensors, opts)
+        if avg_on_gloo:
+            n = _size(group)
+            work = FinishingWork(work, lambda: [t.div_(n) for t in tensors])
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    return _issue("all_reduce", tensors[0], sum(t.numel() for t in tensors), group, call)
+
+
 def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group = None,
            group_dst: int | None = None, async_op: bool = False):
     """Reduce `tensor` across ranks onto rank `dst` (or group rank `group_dst`). Only dst's tensor is meaningful afterwards."""

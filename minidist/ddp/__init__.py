@@ -1,9 +1,10 @@
 """minidist.ddp: data parallelism by bucketed, overlapped all_reduce of gradients.
 
 Read in this order: bucket.py (which gradients travel together), comm_hooks.py
-(how a full bucket is reduced), reducer.py (autograd hook -> bucket -> all_reduce
--> p.grad), ddp.py (the public module), join.py (uneven inputs), powersgd.py
-(a compressing hook with state).
+(how a full bucket is reduced), reduction.py (in place or through the flat
+buffer; the default reduction), ready_order.py (the one rebuild), reducer.py
+(autograd hook -> bucket -> all_reduce -> p.grad), ddp.py (the public module),
+join.py (uneven inputs), powersgd.py (a compressing hook with state).
 """
 
 from minidist.ddp.bucket import Bucket, BucketState, ReducerPolicy, assign_buckets

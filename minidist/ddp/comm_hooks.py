@@ -14,12 +14,13 @@ is the bucket's buffer. Every public hook here keeps that contract, so any of
 them registered (or called from a user's own hook) yields the average.
 
 The reducer's own default, used when no hook is registered, is not among
-them: it divides each gradient by N while copying it into the bucket (one
-fused pass, as torch's reducer does) and then only sums. Exported as a hook,
-it would return N times the average wherever the reducer did not pre-divide
-(registered by a user, or called from a user's hook); so it lives, private, in
-reducer.py, and declares its divided input, so that the reducer pre-divides
-whenever it is the registered hook.
+them: it divides each gradient by N on its way in (fused into the copy into
+the bucket as torch's reducer does, or in place in p.grad) and then only sums.
+Exported as a hook, it would return N times the average wherever the reducer
+did not pre-divide (registered by a user, or called from a user's hook); so it
+lives, private, in reduction.py, and declares its divided input, so that the
+reducer pre-divides whenever it is the registered hook. A registered hook
+always gets the flat bucket (``bucket.buffer()``), never the in-place way.
 
 ``state`` is whatever was registered with the hook. ``DDP(..., comm_hook=hook)``
 registers ``default_state(hook, process_group)``: the process group, unless the

@@ -4,40 +4,27 @@ Follow one gradient:
 
 1. autograd accumulates into ``p.grad`` and runs ``p``'s post-accumulate-grad
    hook (registered below) -> ``_on_grad_ready(i)``;
-2. ``_mark_ready(i)`` copies ``p.grad`` into its slot of its bucket's flat
-   buffer (or, with gradient_as_bucket_view, ``p.grad`` already *is* that
-   slot) and counts the bucket down. With no hook registered the copy also
-   divides by N (one fused pass: the sum of the scaled gradients is the mean);
-   a registered hook gets the plain local gradients and divides itself
-   (comm_hooks.py: why the pre-divided path is not a registrable hook);
+2. ``_mark_ready(i)`` hands the gradient to its bucket and counts the bucket
+   down: in place (p.grad itself, divided by N) or copied into its slot of the
+   bucket's flat buffer (reduction.py: which, when, and why);
 3. when the count hits zero the bucket is FULL, and ``_launch_full_buckets``
    hands every FULL bucket, in bucket order, to the comm hook (or the default
-   all_reduce), which starts async communication and returns a future.
+   reduction), which starts async communication and returns a future.
    Backward keeps running meanwhile;
 4. at the end of backward the autograd engine runs ``_finalize_backward``
    (queued with ``Variable._execution_engine.queue_callback`` by the first
    hook of the backward): it completes unused parameters, waits on every
-   future in bucket order and copies each average into ``p.grad``, so when
-   backward() returns every ``p.grad`` holds the average.
-
-Why copy into ``p.grad`` at the end, on the main thread (as torch's reducer
-does in its finalize_backward), and not in a continuation of each bucket's
-future: a continuation runs on the communication library's thread (gloo's worker, on the
-CPU) and, being Python, holds the GIL while it copies; it delays that worker's
-next collective and stalls autograd's Python hooks meanwhile. Measured on the
-CPU benchmark (benchmarks/ddp_vs_torch.py) the continuation cost ~2-3% of the
-step; at the end the copies are plain sequential work (on NCCL, kernels queued
-on the stream).
+   future in bucket order and, for flat buckets, copies each average into
+   ``p.grad`` (on this thread, as torch's reducer does in its
+   finalize_backward: no Python on the communication thread, reduction.py), so
+   when backward() returns every ``p.grad`` holds the average.
 
 Why launch strictly in bucket order: gloo and NCCL match collectives by the
 order in which each rank issues them. If rank 0 launched bucket 2 before
 bucket 1 and rank 1 the other way round, they would sum different buckets.
 
-Why rebuild the buckets once: the initial reverse-registration order is only a
-guess of the order in which gradients become ready. The first backward records
-the real order; before the next forward the buckets are rebuilt in that order
-(rank 0's, or under join the first rank still with inputs: broadcast, so
-every rank builds the same buckets).
+The buckets are rebuilt once, in the order the first synced backward produced
+its gradients (ready_order.py).
 
 Whether a backward reduces is decided by the forward before it (DDP passes
 its ``require_backward_grad_sync``, False under no_sync): the reducer is then
@@ -65,32 +52,16 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import comm
+from minidist.ddp import reduction
 from minidist.ddp.bucket import Bucket, BucketState, ReducerPolicy, assign_buckets
 from minidist.ddp.comm_hooks import CommHook
+from minidist.ddp.ready_order import ReadyOrder
 
 
 class ReducerState(enum.Enum):
     LOCAL = "local"          # the last forward ran under no_sync: backward accumulates p.grad locally
     ARMED = "armed"          # the next backward reduces (its first hook starts REDUCING)
     REDUCING = "reducing"    # a reducing backward is under way; _finalize_backward is queued
-
-
-def _allreduce_presummed(state, bucket: Bucket) -> torch.futures.Future:
-    """The default reduction: all_reduce(SUM) of gradients divided by N on their way into the bucket.
-
-    Private on purpose (comm_hooks.py). It declares `_DIVIDED_INPUT`, so even if a
-    user registers it, the reducer keeps dividing while copying and p.grad stays
-    the average. The Work's own future (its value is [bucket.buffer()], reduced
-    in place): no Python continuation runs on the communication thread (see
-    above: why copy at the end).
-    """
-    group = state if isinstance(state, dist.ProcessGroup) else None
-    return comm.all_reduce(bucket.buffer(), comm.ReduceOp.SUM, group=group, async_op=True).get_future()
-
-
-_DIVIDED_INPUT = "_minidist_divided_input"
-"""A hook with this attribute True gets gradients already divided (by N, or under join the divisor)."""
-setattr(_allreduce_presummed, _DIVIDED_INPUT, True)
 
 
 class Reducer:
@@ -104,7 +75,7 @@ class Reducer:
         self.policy = policy
         self.group = process_group
         self.world_size = dist.get_world_size(process_group)
-        self.comm_hook: CommHook = _allreduce_presummed
+        self.comm_hook: CommHook = reduction.allreduce_presummed
         self.hook_state: Any = process_group
         self._hook_registered = False
         self._prescale: float | None = None
@@ -121,10 +92,7 @@ class Reducer:
         """Got a gradient since the last synced backward (no_sync iterations included)."""
         self._next_launch = 0
         self._backwards_started = 0
-        self._ready_order: list[int] = []
-        """Parameter indices in the order their gradients became ready, in the first synced backward."""
-        self._order_done = False
-        self.num_rebuilds = 0
+        self._order = ReadyOrder(len(params))
         self._build(list(reversed(range(len(params)))))
         ref = weakref.ref(self)  # hooks must not keep a discarded DDP alive
         for i, p in enumerate(params):
@@ -134,7 +102,7 @@ class Reducer:
     def _build(self, order: list[int]) -> None:
         """(Re)create the buckets for parameters taken in `order` (indices into self.params)."""
         groups = assign_buckets([self.params[i] for i in order], self.policy.bucket_cap_bytes,
-                                self.policy.first_bucket_bytes)
+                                self.policy.first_bucket_bytes, self.policy.last_bucket_bytes)
         self.buckets = []
         self._slot = [(-1, -1)] * len(self.params)
         for b, members in enumerate(groups):
@@ -142,6 +110,7 @@ class Reducer:
             self.buckets.append(Bucket(b, [self.params[i] for i in ids], ids, is_last=b == len(groups) - 1))
             for j, i in enumerate(ids):
                 self._slot[i] = (b, j)
+        self._choose_in_place()
         if self.policy.gradient_as_bucket_view:  # existing grads move into the new buckets
             for i, p in enumerate(self.params):
                 if p.grad is not None:
@@ -155,7 +124,15 @@ class Reducer:
 
     @property
     def device(self) -> torch.device:
-        return self.buckets[0].flat.device
+        return self.buckets[0].params[0].device
+
+    @property
+    def num_rebuilds(self) -> int:
+        return self._order.rebuilds
+
+    def _choose_in_place(self) -> None:
+        for bucket in self.buckets:
+            bucket.in_place = reduction.reduces_in_place(self.comm_hook, self.policy, bucket)
 
     def bucket_param_names(self) -> list[list[str]]:
         return [[self.names[i] for i in b.param_ids] for b in self.buckets]
@@ -171,13 +148,8 @@ class Reducer:
         if self.state is ReducerState.REDUCING:  # the last backward raised before its end: forget it
             self._abandon()
             self._reset_iteration()
-        if self.num_rebuilds == 0 and self._order_done:
-            order = torch.tensor(self._ready_order or [0] * len(self.params), dtype=torch.int64)
-            order = order.to(self.device)  # NCCL only moves device tensors
-            comm.broadcast(order, group=self.group, group_src=source)  # everyone builds one rank's buckets
-            self._build(order.tolist())
-            self.num_rebuilds += 1
-            self._ready_order = []
+        if self._order.rebuild_due:
+            self._build(self._order.agree(self.device, self.group, source))  # everyone builds one rank's buckets
         self._set_divisor(self.world_size if divisor is None else divisor)
         self.state = ReducerState.ARMED if require_backward_grad_sync else ReducerState.LOCAL
 
@@ -198,24 +170,13 @@ class Reducer:
                                f"(reentrant backward or a second backward through the same graph); "
                                f"minidist.DDP supports one gradient per parameter per synced backward.")
         self._ready[i] = True
-        if self.num_rebuilds == 0 and not self._order_done:
-            self._ready_order.append(i)
+        self._order.note(i)
         p, (b, j) = self.params[i], self._slot[i]
-        bucket, view = self.buckets[b], self.buckets[b].views[j]
-        g = p.grad
-        scale = self._prescale
-        if g is None:
-            view.zero_()  # unused this iteration (find_unused_parameters)
-        elif g.data_ptr() == view.data_ptr() and g.shape == view.shape:
-            if scale is not None:
-                view.mul_(scale)  # gradient_as_bucket_view: already in place
+        bucket = self.buckets[b]
+        if bucket.in_place:
+            reduction.take_in_place(p, bucket, j, self._prescale)
         else:
-            if scale is not None:
-                torch.mul(g, scale, out=view)  # copy and divide in one pass
-            else:
-                view.copy_(g)
-            if self.policy.gradient_as_bucket_view:
-                p.grad = view  # from now on autograd accumulates straight into the bucket
+            reduction.copy_into_flat(p, bucket, j, self._prescale, self.policy.gradient_as_bucket_view)
         if bucket.mark_ready():
             self._launch_full_buckets()
 
@@ -248,12 +209,14 @@ class Reducer:
                     continue
                 if self._postscale is not None:
                     bucket.flat.mul_(self._postscale)
-                for i, view in zip(bucket.param_ids, bucket.views):
+                results = bucket.grads if bucket.in_place else bucket.views
+                for i, result in zip(bucket.param_ids, results):
                     if globally_used is None or globally_used[i]:  # unused by every rank: p.grad stays
-                        self._write_grad(self.params[i], view)       # as it is, as in one process
+                        reduction.write_back(self.params[i], result, bucket.in_place,  # as it is, as in
+                                             self.policy.gradient_as_bucket_view)  # one process
             for bucket in self.buckets:
                 bucket.reset()
-            self._order_done = self.num_rebuilds == 0  # recorded once, used by the next forward
+            self._order.backward_done()
         except BaseException:
             self._abandon()  # wait out launched work, so the next iteration starts clean
             raise
@@ -280,6 +243,8 @@ class Reducer:
         self._used = [False] * len(self.params)  # this rank contributes no gradient
         for bucket in self.buckets:
             bucket.flat.zero_()
+            if bucket.in_place:
+                bucket.grads = list(bucket.views)
             for _ in bucket.params:
                 bucket.mark_ready()
         self._finalize_backward(write_grads=False)  # launches them all, in order
@@ -290,22 +255,12 @@ class Reducer:
         comm.all_reduce(used, comm.ReduceOp.SUM, group=self.group)
         return (used > 0).tolist()
 
-    def _write_grad(self, p: nn.Parameter, view: torch.Tensor) -> None:
-        if self.policy.gradient_as_bucket_view:
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                p.grad = view  # normally it already is the view, reduced in place
-        elif p.grad is None:
-            p.grad = view.clone()
-        else:
-            p.grad.copy_(view)
-
     def _abandon(self) -> None:
         """Error path: wait out launched work (no Work left referenced), reset for the next iteration."""
         for bucket in self.buckets:
             bucket.abandon()
             bucket.reset()
-        if not self._order_done:
-            self._ready_order = []  # a partial record; the next synced backward records afresh
+        self._order.backward_abandoned()
 
     def set_comm_hook(self, state: Any, hook: CommHook) -> None:
         """From now on every bucket is reduced by hook(state, bucket); it receives plain local gradients."""
@@ -318,12 +273,11 @@ class Reducer:
             raise RuntimeError("DDP: register_comm_hook must be called before the first backward")
         self.comm_hook, self.hook_state, self._hook_registered = hook, state, True
         self._set_divisor(self.world_size)
+        self._choose_in_place()
 
     def _set_divisor(self, d: int) -> None:
         """The coming average divides by d: pre-divide for the default hook, else rescale if d != N."""
-        divided = getattr(self.comm_hook, _DIVIDED_INPUT, False)
-        self._prescale = 1.0 / d if divided else None
-        self._postscale = self.world_size / d if not divided and d != self.world_size else None
+        self._prescale, self._postscale = reduction.scales(self.comm_hook, self.world_size, d)
 
 
 def _make_hook(ref: weakref.ref, i: int):

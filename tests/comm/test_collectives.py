@@ -60,7 +60,7 @@ def test_lesson_values_at_world_3(run_dist):
 
 
 def _reduce_ops():
-    """all_reduce, reduce and reduce_scatter with every op, sync and async."""
+    """all_reduce (single and coalesced), reduce and reduce_scatter with every op, sync and async."""
     rank, world = dist.get_rank(), dist.get_world_size()
     values = [float(r + 2) for r in range(world)]  # rank r contributes r + 2
     expect = {
@@ -74,6 +74,12 @@ def _reduce_ops():
             if async_op:
                 work.wait()
             assert torch.allclose(t, torch.tensor([want])), (op, async_op, t)
+            # all_reduce_coalesced: each tensor in place, a non-contiguous one included
+            ts = [torch.tensor([values[rank]] * 3), torch.full((2, 3), values[rank]).t()]
+            work = comm.all_reduce_coalesced(ts, op, async_op=async_op)
+            if async_op:
+                work.wait()
+            assert all(torch.allclose(x, torch.full_like(x, want)) for x in ts), (op, async_op, ts)
             # reduce: only dst's answer is meaningful
             t = torch.tensor([values[rank]])
             work = comm.reduce(t, dst=world - 1, op=op, async_op=async_op)

@@ -38,6 +38,20 @@ def test_tiny_and_huge_caps():
     assert assign_buckets(params, 1000 * MiB) == [[0, 1, 2, 3]]
 
 
+def test_small_last_bucket():
+    # the benchmark's shape, in floats: 3 blocks of (bias 10, weight 1000) ready before the input layer's (10, 60)
+    params = [_p(n) for n in (10, 1000, 10, 1000, 10, 1000, 10, 60)]
+    # cap 8000 B reached after two blocks; without a last cap the input layer shares a bucket with block 0
+    assert assign_buckets(params, 8000, 8000) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # last cap 400 B: the trailing run within it (280 B) gets its own bucket; the one before closes early
+    assert assign_buckets(params, 8000, 8000, last_bucket_bytes=400) == [[0, 1, 2, 3], [4, 5], [6, 7]]
+    # at least one parameter, even over the last cap; per dtype: float64 has its own last bucket
+    mixed = [_p(100), _p(100), _p(50, torch.float64), _p(300), _p(50, torch.float64), _p(60, torch.float64)]
+    assert assign_buckets(mixed, 10_000, 10_000, last_bucket_bytes=500) == [[0, 1], [2, 4], [3], [5]]
+    assert assign_buckets(params, 1, 1, last_bucket_bytes=1) == [[i] for i in range(8)]
+    assert assign_buckets(params, 10**6, 10**6, last_bucket_bytes=10**6) == [list(range(8))]
+
+
 def test_lifecycle_asserts_order():
     b = Bucket(0, [_p(3), _p(4)], [0, 1], is_last=True)
     assert b.flat.numel() == 7 and b.views[1].data_ptr() == b.flat[3:].data_ptr()
@@ -59,6 +73,8 @@ def test_small_first_bucket_only_by_default():
     assert (default.first_bucket_bytes, default.bucket_cap_bytes) == (MiB, 25 * MiB), "torch's defaults"
     assert explicit.first_bucket_bytes == explicit.bucket_cap_bytes == 5 * MiB, "an explicit cap caps every bucket"
     assert ReducerPolicy(bucket_cap_mb=0.5).first_bucket_bytes == MiB // 2
+    assert default.last_bucket_bytes == explicit.last_bucket_bytes == MiB, "the exposed last bucket is small always"
+    assert ReducerPolicy(bucket_cap_mb=0.5).last_bucket_bytes == MiB // 2
 
 
 def test_bucket_cap_must_be_positive():

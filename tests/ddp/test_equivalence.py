@@ -1,6 +1,7 @@
 """K optimizer steps of minidist.DDP at world N == one process on the whole batch ==
 torch's DistributedDataParallel, for SGD and AdamW, any bucket size, with and
-without gradient_as_bucket_view, from ranks that started with different weights."""
+without gradient_as_bucket_view, buckets reduced in place and through their flat
+buffer (one backward mixing both), from ranks that started with different weights."""
 
 import pytest
 import torch
@@ -9,12 +10,18 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minidist import comm
 from minidist.ddp import DDP
+from minidist.ddp import reduction as reduction_module
 from tests.common import MLP
 from tests.ddp.helpers import batches, max_diff, train, unwrap
 
 STEPS = 3
-# (bucket_cap_mb, gradient_as_bucket_view): one parameter per bucket .. one bucket for all
-CONFIGS = [(1e-6, False), (0.002, False), (25, False), (1000, False), (1e-6, True), (25, True)]
+# (bucket_cap_mb, gradient_as_bucket_view, reduction.py constants): one parameter per bucket .. one bucket for
+# all; IN_PLACE_MAX_BYTES=4000 reduces the MLP's 6384-byte bucket through its flat buffer and the other in
+# place; SEPARATE_MIN_BYTES=1000 all_reduces its two larger weights on their own, the rest packed
+LIMIT = dict(IN_PLACE_MAX_BYTES=4000)
+SEPARATE = dict(SEPARATE_MIN_BYTES=1000)
+CONFIGS = [(1e-6, False, None), (0.002, False, None), (0.002, False, LIMIT), (25, False, None),
+           (25, False, SEPARATE), (1000, False, None), (1e-6, True, None), (25, True, None)]
 
 
 def _equivalence(opt_name: str) -> dict:
@@ -23,16 +30,26 @@ def _equivalence(opt_name: str) -> dict:
     torch.manual_seed(0)
     ref = train(MLP(), opt_name, data, shard=False)
     out = {}
-    for cap, view in CONFIGS:
+    for cap, view, constants in CONFIGS:
         torch.manual_seed(100 + rank)  # different weights on every rank: construction must broadcast rank 0's
         net = MLP()
         if rank == 0:
             torch.manual_seed(0)
             net = MLP()
-        model = DDP(net, bucket_cap_mb=cap, gradient_as_bucket_view=view)
-        train(model, opt_name, data, shard=True)
-        out[f"minidist cap={cap} view={view}"] = max_diff(unwrap(model), ref)
+        defaults = {k: getattr(reduction_module, k) for k in constants or {}}
+        vars(reduction_module).update(constants or {})
+        try:
+            model = DDP(net, bucket_cap_mb=cap, gradient_as_bucket_view=view)
+            with comm.trace() as t:
+                train(model, opt_name, data, shard=True)
+        finally:
+            vars(reduction_module).update(defaults)
+        out[f"minidist cap={cap} view={view} {constants}"] = max_diff(unwrap(model), ref)
         out[f"buckets cap={cap}"] = len(model.reducer.buckets)
+        # in place: no flat buffer was ever allocated; through the flat buffer: it was
+        out[f"modes cap={cap} view={view} {constants}"] = [
+            (b.in_place, b._flat is not None) for b in model.reducer.buckets]
+        out[f"all_reduces cap={cap} view={view} {constants}"] = sum(r.op == "all_reduce" for r in t.records)
     torch.manual_seed(0)
     tdp = TorchDDP(MLP())
     train(tdp, opt_name, data, shard=True)
@@ -46,12 +63,21 @@ def test_matches_single_process_and_torch_ddp(run_dist, world):
         results = run_dist(world, _equivalence, opt_name)
         for rank, res in enumerate(results):
             for key, diff in res.items():
-                if key.startswith("buckets"):
+                if key.startswith(("buckets", "modes", "all_reduces")):
                     continue
                 assert diff < 1e-6, f"{opt_name} rank {rank} {key}: max |param - reference| = {diff}"
         r0 = results[0]
         assert r0["buckets cap=1e-06"] == 6, "a tiny cap gives one parameter per bucket"
         assert r0["buckets cap=1000"] == 1, "a huge cap (and a model under the 1 MiB first bucket) gives one bucket"
+        for cap, view, constants in CONFIGS:
+            modes = r0[f"modes cap={cap} view={view} {constants}"]
+            want = [(False, True) if view else (True, False)] * len(modes)  # on the CPU, without a view: in place
+            if constants is LIMIT:
+                want = [(False, True), (True, False)]  # the 6384-byte bucket over the limit, the other under it
+            assert modes == want, (cap, view, constants, modes)
+        # one bucket at cap=25: one collective per step; with SEPARATE, two weights + the packed rest
+        assert r0["all_reduces cap=25 view=False None"] == STEPS
+        assert r0[f"all_reduces cap=25 view=False {SEPARATE}"] == 3 * STEPS
 
 
 class _Swapped(torch.nn.Module):
