@@ -255,4 +255,4 @@ class Checkpointer:
         if diffs:
             more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
             raise CheckpointError(f"checkpoint {d} does not match the configured model: {'; '.join(diffs[:3])}{more}; "
-                                  f"resume with the model settings in the run's config.yaml, or start a new run")
+                                  f"resume with the model settings in the run's .hydra/config.yaml, or start a new run")
