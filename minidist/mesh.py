@@ -34,6 +34,8 @@ DP = "dp"
 """The one dimension of a purely data-parallel mesh (DDP, ZeRO-1, full_shard, ...)."""
 REPLICATE, SHARD = "replicate", "shard"
 """The two dimensions of a hybrid mesh: across replicas, and within a shard group (FSDP2's order)."""
+TP = "tp"
+"""The tensor-parallel dimension: ranks that hold different slices of the same layers and see the same data."""
 DATA_PARALLEL_DIMS = (DP, REPLICATE, SHARD)
 """Dimensions over which ranks see different data."""
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -39,6 +38,7 @@ from minidist.fsdp.param import FlatParamShard, ParamInfo
 from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS, Schedule
 from minidist.fsdp.unit import FSDPUnit, UnitPolicy
 from minidist.mesh import group_of
+from minidist.precision import MixedPrecisionPolicy
 from minidist.verify import verify_same_model
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
@@ -49,18 +49,6 @@ class ShardingStrategy(enum.Enum):
     SHARD_GRAD_OP = "shard_grad_op"
     NO_SHARD = "no_shard"
     HYBRID_SHARD = "hybrid_shard"
-
-
-@dataclass(frozen=True)
-class MixedPrecisionPolicy:
-    """As torch's: param_dtype for all_gather and compute, reduce_dtype for gradient reduction.
-
-    The sharded (master) parameters, their gradients and the optimizer state stay in the
-    module's dtype (fp32). reduce_dtype None = param_dtype.
-    """
-
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
 
 
 def wrap_predicate(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
