@@ -7,6 +7,7 @@
     with comm.reduce_scatter_algorithm("ring"): ...   # or "native"; "auto" (default) picks by backend
     comm.set_debug(True)                     # ranks agree on every collective first (fingerprint.py)
     comm.flight_recorder.install_dump_handlers(run_dir)   # name a hang: flight_recorder.py
+    with comm.kernel_io.written(group) as w: ...   # bytes the kernel saw this process write
 """
 
 from torch.distributed import ReduceOp
@@ -25,7 +26,7 @@ from minidist.comm.collectives import (
     reduce_scatter,
     scatter,
 )
-from minidist.comm import flight_recorder
+from minidist.comm import flight_recorder, kernel_io
 from minidist.comm.cost import CostModel, calibrate
 from minidist.comm.fingerprint import CollectiveMismatchError, set_debug
 from minidist.comm.flight_recorder import CollectiveTimeoutError
@@ -36,5 +37,5 @@ __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
-    "flight_recorder", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "flight_recorder", "kernel_io", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",
 ]
