@@ -2,7 +2,7 @@
 
     from minidist import comm
     comm.all_reduce(t)                       # stateless, delegates to torch.distributed
-    with comm.trace() as tr: ...             # what was sent, how many bytes, how long
+    with comm.trace() as tr: ...             # what was sent, how many bytes, how long (and what "hidden" means)
     model = comm.calibrate(); model.predict("all_reduce", S, N)
     with comm.reduce_scatter_algorithm("ring"): ...   # or "native"; "auto" (default) picks by backend
     comm.set_debug(True)                     # ranks agree on every collective first (fingerprint.py)
@@ -31,11 +31,11 @@ from minidist.comm.cost import CostModel, calibrate
 from minidist.comm.fingerprint import CollectiveMismatchError, set_debug
 from minidist.comm.flight_recorder import CollectiveTimeoutError
 from minidist.comm.ring import reduce_scatter_algorithm, ring_reduce_scatter, set_reduce_scatter_algorithm
-from minidist.comm.trace import Record, Trace, ring_bytes_sent, trace
+from minidist.comm.trace import Record, Trace, collect_all, hidden_share, ring_bytes_sent, trace
 
 __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
-    "ring_bytes_sent", "trace", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
+    "ring_bytes_sent", "trace", "hidden_share", "collect_all", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
     "flight_recorder", "kernel_io", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",
 ]

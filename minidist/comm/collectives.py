@@ -119,7 +119,7 @@ def _check_op(op) -> None:
 
 
 def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call: Callable,
-           is_root: bool = False, algorithm: str = "native"):
+           is_root: bool = False, algorithm: str = "native", root: int | None = None):
     """Run one collective: flight-record it, check its fingerprint (debug), record it in active traces."""
     entry = _flight.issue(op, tensor, numel, group)
     try:
@@ -132,7 +132,8 @@ def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call:
         raise
     if not _trace._ACTIVE:
         return work
-    return _trace.record(op, tensor, numel, group, work, issued, is_root=is_root, algorithm=algorithm)
+    return _trace.record(op, tensor, numel, group, work, issued, is_root=is_root, algorithm=algorithm,
+                         root=None if root is None else dist.get_group_rank(group or dist.group.WORLD, root))
 
 
 def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], object], async_op: bool):
@@ -153,7 +154,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, group_
     src = _root(src, group_src, group)
     return _issue("broadcast", tensor, tensor.numel(), group,
                   lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
-                  is_root=dist.get_rank() == src)
+                  is_root=dist.get_rank() == src, root=src)
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, async_op: bool = False):
@@ -217,7 +218,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group 
             return _avg_via_sum(tensor, group, run, async_op)
         return run(op)
 
-    return _issue("reduce", tensor, tensor.numel(), group, call, is_root=is_dst)
+    return _issue("reduce", tensor, tensor.numel(), group, call, is_root=is_dst, root=dst)
 
 
 def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *,
@@ -292,7 +293,8 @@ def gather(input: torch.Tensor, gather_list: list[torch.Tensor] | None = None, d
     if not is_dst and gather_list is not None:
         raise ValueError("gather: gather_list must be None on ranks other than dst")
     return _issue("gather", input, input.numel() * _size(group), group,
-                  lambda: dist.gather(input, gather_list, dst, group=group, async_op=async_op), is_root=is_dst)
+                  lambda: dist.gather(input, gather_list, dst, group=group, async_op=async_op), is_root=is_dst,
+                  root=dst)
 
 
 def scatter(output: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, *,
@@ -308,7 +310,8 @@ def scatter(output: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     if not is_src and scatter_list is not None:
         raise ValueError("scatter: scatter_list must be None on ranks other than src")
     return _issue("scatter", output, output.numel() * _size(group), group,
-                  lambda: dist.scatter(output, scatter_list, src, group=group, async_op=async_op), is_root=is_src)
+                  lambda: dist.scatter(output, scatter_list, src, group=group, async_op=async_op), is_root=is_src,
+                  root=src)
 
 
 def all_to_all(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor | list[torch.Tensor], *,

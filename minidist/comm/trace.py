@@ -1,73 +1,91 @@
-"""Tracing: a record of every collective issued through minidist.comm.
+"""Tracing: a record of every collective issued through minidist.comm, its bytes and its times.
 
     with minidist.comm.trace() as t:
         loss.backward()
     print(t.summary())
     t.save("trace.json")
 
-Each record carries the payload S (bytes of the *full* logical tensor) and the
-bytes this rank sends under the ring cost model, so that a trace can be checked
-against the textbook formulas:
+The one source of collective bytes and times in minidist: the comparison (minidist.compare),
+the lessons and the benchmarks read them here, and the definitions below are stated nowhere else.
+
+Bytes. Each record carries the payload S (bytes of the *full* logical tensor) and the bytes this
+rank sends under the ring model (sent_bytes), N ranks:
 
     all_reduce                  2 S (N-1)/N
     all_gather, reduce_scatter    S (N-1)/N   (S = the full, unsharded tensor)
     all_to_all                    S (N-1)/N   (S = this rank's input)
-    broadcast, reduce             S
-    scatter (src), gather (dst)   S (N-1)/N on the root; S/N on the others for gather
+    broadcast, reduce             S (N-1)/N   the MEAN over ranks: N-1 of the N ranks send S
+                                              (a pipelined ring: all but the last; a tree: the
+                                              inner nodes, some twice), one rank sends nothing
+    scatter (src), gather (dst)   S (N-1)/N on the root, 0 elsewhere; gather: S/N off the root
     barrier                       0
 
-These are logical bytes. What the backend really sends can differ, and is recorded
-beside them (wire_bytes): gloo's own reduce_scatter is an all_reduce inside, 2 S (N-1)/N;
-minidist.comm.ring's reduce_scatter sends exactly S (N-1)/N. `algorithm` says which ran.
+Why a mean for broadcast and reduce: who sends how much depends on the algorithm (gloo's
+broadcast is a binomial tree: the root sends 2S at N = 4), but every algorithm delivers S to
+N-1 ranks, so the bytes of all ranks add up to S (N-1) and their mean does not depend on it.
+So summed over ranks (or averaged) the trace equals what the kernel counts; per rank it may not.
 
-Times. Each record has issued_s (the call began), launched_s (the call returned: for an
-async call, what issuing cost the caller), completed_s (the work finished: its future's
-callback; for a handle without a future, no later than the caller's wait() returned) and
-waited_s (time the caller was blocked in wait() on the handle). From them:
+What the backend really sends can differ from the logical collective, and is recorded beside it
+(wire_op, wire_bytes): gloo's own reduce_scatter is an all_reduce inside, 2 S (N-1)/N
+(minidist.comm.ring's reduce_scatter sends exactly S (N-1)/N; `algorithm` says which ran);
+gloo's reduce is a ring reduce_scatter then a gather to the root, S (N-1)/N + S (N-1)/N^2 on
+average. Checked against the kernel's byte counters in tests/comm/test_kernel_io.py and
+tests/compare/test_kernel_bytes.py.
+
+Times (time.perf_counter(), seconds). Each record has issued_s (the call began), launched_s (it
+returned: for an async call, what issuing cost the caller), completed_s (the work finished: its
+future's callback; for a handle without a future, no later than the caller's wait() returned)
+and waited_s (time the caller spent blocked waiting on it). Every wait is also kept as an
+interval (Trace.waits: start, end, thread), for waits on the Work handle and on its future
+alike: the handle comm returns (TimedWork) and the future it hands out (TimedFuture) time them
+(minidist/comm/timed.py; comm.collect_all keeps a wait on several futures traced).
+On CUDA the future is the backend's own (a wait there orders a stream; the host does not block).
 
     span     completed - issued: for an async collective it includes whatever the caller
              computed meanwhile (a backward pass), so it is no measure of the transfer
     exposed  (launched - issued) + waited: the caller's time lost to this collective
-             (a synchronous call: its whole span)
-    wire     completed - max(issued, completion of the previous collective of its group):
-             an estimate of the time on the wire, the one the cost model predicts (see
-             Trace.wire_times); for a collective issued on an idle group, its span
+    wire     completed - max(issued, the last member's issue (arrived), completion of the
+             previous collective of its group): an estimate of the time on the wire, the one
+             the cost model predicts (wire_times); `arrived` comes from every rank's records
+             (arrivals), so the wait for the slowest peer is not counted as transfer
 
-A caller that waits on get_future() instead of wait() is not seen waiting (waited 0);
-span and wire do not depend on it.
+HIDDEN, the one definition (hidden_share): the share of a step's communication time that compute
+hid, 1 - exposed / comm, where exposed = the step's time minus the same step without
+communication (measured, not derived), and comm = the step's collectives run alone, one at a
+time. No engine internals are needed, so it applies to PyTorch's engines as to minidist's
+(benchmarks/ddp_vs_torch.py, benchmarks/fsdp_vs_torch.py, minidist.compare).
 
-When no trace is active the only cost per collective is one truthiness test of
-a module-level list (see benchmarks/trace_overhead.py).
+When no trace is active the only cost per collective is one truthiness test of a module-level
+list (see benchmarks/trace_overhead.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+
+from minidist.comm.timed import TimedFuture, TimedWork, collect_all  # noqa: F401 - collect_all: comm's
 
 # The traces that are recording now; empty almost always.
 _ACTIVE: list["Trace"] = []
 
 
 def ring_bytes_sent(op: str, payload: int, world: int, *, is_root: bool = False) -> int:
-    """Bytes one rank sends for `op` on a payload of `payload` bytes among `world` ranks."""
+    """Bytes one rank sends for `op` on `payload` bytes among `world` ranks (broadcast, reduce: the mean)."""
     if world <= 1:
         return 0
     if op == "all_reduce":
         return 2 * payload * (world - 1) // world
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"):
         return payload * (world - 1) // world
-    if op in ("broadcast", "reduce"):
-        return payload
     if op == "scatter":
         return payload * (world - 1) // world if is_root else 0
     if op == "gather":
@@ -75,6 +93,24 @@ def ring_bytes_sent(op: str, payload: int, world: int, *, is_root: bool = False)
     if op == "barrier":
         return 0
     raise ValueError(f"unknown collective {op!r}")
+
+
+def backend_bytes(op: str, algorithm: str, backend: str, payload: int, world: int,
+                  is_root: bool = False) -> tuple[str, int]:
+    """(the collective the backend runs, the bytes this rank sends for it): see the module docstring."""
+    if backend == "gloo" and algorithm == "native" and op == "reduce_scatter":
+        return "all_reduce", ring_bytes_sent("all_reduce", payload, world)
+    if backend == "gloo" and op == "reduce" and world > 1:
+        return "reduce", payload * (world - 1) // world + payload * (world - 1) // world ** 2
+    return op, ring_bytes_sent(op, payload, world, is_root=is_root)
+
+
+def hidden_share(step_s: float, no_comm_step_s: float, comm_alone_s: float) -> float | None:
+    """1 - exposed / comm: the share of communication compute hid (module docstring). May be < 0
+    (the engine's own host work counts as exposed); None without communication."""
+    if comm_alone_s <= 0:
+        return None
+    return 1.0 - (step_s - no_comm_step_s) / comm_alone_s
 
 
 @dataclass(slots=True)
@@ -90,7 +126,7 @@ class Record:
     payload_bytes: int
     """S: bytes of the full logical tensor."""
     sent_bytes: int
-    """Bytes this rank sends under the ring model."""
+    """Bytes this rank sends under the ring model (broadcast, reduce: the mean over ranks)."""
     async_op: bool
     issued_s: float
     """time.perf_counter() when the call was issued."""
@@ -101,11 +137,13 @@ class Record:
     wire_op: str = ""
     """The collective the backend really runs ("all_reduce" for gloo's native reduce_scatter)."""
     wire_bytes: int = 0
-    """Bytes this rank really sends: the ring model's bytes of wire_op."""
+    """Bytes this rank really sends for wire_op (the same mean for broadcast and reduce)."""
     launched_s: float | None = None
     """perf_counter() when the issuing call returned."""
     waited_s: float = 0.0
-    """Seconds the caller spent blocked in wait() on the handle (0 for a synchronous call)."""
+    """Seconds the caller spent blocked waiting on the handle or its future (0 for a synchronous call)."""
+    root: int | None = None
+    """Group rank of the root (broadcast, reduce, scatter, gather)."""
 
     @property
     def span_s(self) -> float | None:
@@ -122,34 +160,67 @@ class Record:
 _TIMES = ("span_s", "waited_s", "exposed_s", "wire_s")
 
 
+def arrivals(issued_by_rank: Sequence[Sequence[tuple[str, float]]]) -> list[list[float]]:
+    """Per rank and record, when the last member of its group issued it: the earliest it can start.
+
+    issued_by_rank[r] = [(group name, issued_s), ...] of rank r's records in issue order. Every
+    rank issues a group's collectives in the same order, so the k-th record of group g on one
+    rank and the k-th of g on another are the same collective. Clocks: perf_counter() of one
+    machine, or each rank's shifted to a common barrier.
+    """
+    latest: dict[tuple[str, int], float] = {}
+    keys = []
+    for records in issued_by_rank:
+        seen: dict[str, int] = {}
+        mine = []
+        for group, issued in records:
+            k = (group, seen.get(group, 0))
+            seen[group] = k[1] + 1
+            latest[k] = max(latest.get(k, issued), issued)
+            mine.append(k)
+        keys.append(mine)
+    return [[latest[k] for k in mine] for mine in keys]
+
+
 @dataclass
 class Trace:
-    """The records of one `with trace():` block, on this rank."""
+    """The records of one `with trace():` block, on this rank, and the waits on them."""
 
     records: list[Record] = field(default_factory=list)
+    waits: list[tuple[float, float, int]] = field(default_factory=list)
+    """(start, end, thread ident) of every wait on a traced handle or its future."""
+    groups: dict[str, object] = field(default_factory=dict, repr=False)
+    """Process group by record.group name (to issue the same collectives again)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def wire_times(self) -> list[float | None]:
+    def wire_times(self, arrived: Sequence[float] | None = None) -> list[float | None]:
         """Per record, the estimated seconds its bytes were on the wire (None: not completed).
 
-        A group runs its collectives in order (one NCCL stream; gloo's queue; one ring lane),
-        so a collective starts moving bytes when it is issued or when the previous one of its
-        group completes, whichever is later: wire = completed - max(issued, previous
-        completed). This drops the compute an async collective overlapped and the time it
-        queued behind its predecessor. It keeps the time spent waiting for the slowest peer
-        to join, which one rank cannot tell from transfer; and where gloo runs two of a
-        group's collectives at once (it has 2 threads), it under-counts the later one.
+        A group runs its collectives in order (one NCCL stream; gloo's queue; one ring lane), so
+        a collective starts moving bytes when the last member issued it (`arrived`, from
+        arrivals(); default: this rank's issue) or when the previous one of its group completed,
+        whichever is later. This drops the compute an async collective overlapped, the time it
+        queued behind its predecessor and, with `arrived`, the wait for a late peer. Where gloo
+        runs two of a group's collectives at once (it has 2 threads) it under-counts the later one.
         """
+        arrived = arrived or [r.issued_s for r in self.records]
         out: list[float | None] = [None] * len(self.records)
         done: dict[str, float] = {}
         for i in sorted(range(len(self.records)), key=lambda j: self.records[j].issued_s):
             r = self.records[i]
             if r.completed_s is None:
                 continue
-            start = max(r.issued_s, done.get(r.group, r.issued_s))
+            start = max(r.issued_s, arrived[i], done.get(r.group, r.issued_s))
             out[i] = max(0.0, r.completed_s - start)
             done[r.group] = max(done.get(r.group, r.completed_s), r.completed_s)
         return out
+
+    def blocked(self, thread: int | None = None) -> list[tuple[float, float]]:
+        """Intervals the caller (`thread`, default: the one that issued) was blocked by communication:
+        issuing calls, synchronous collectives, waits."""
+        out = [(r.issued_s, r.launched_s if r.async_op else r.completed_s) for r in self.records
+               if r.launched_s is not None and r.completed_s is not None]
+        return out + [(a, b) for a, b, t in self.waits if thread is None or t == thread]
 
     def totals(self, by_algorithm: bool = False) -> dict:
         """Per op (or per (op, algorithm)): calls, payload, sent and wire bytes, summed times."""
@@ -184,9 +255,9 @@ class Trace:
         predicted: dict = defaultdict(lambda: [0.0, 0.0])
         if cost_model is not None:  # the collective that really ran (wire_op), on the full payload
             for r in self.records:
-                op = r.wire_op or r.op
-                predicted[(r.op, r.algorithm)][0] += cost_model.predict(op, r.payload_bytes, r.group_size, "ring")
-                predicted[(r.op, r.algorithm)][1] += cost_model.predict(op, r.payload_bytes, r.group_size, "tree")
+                for k, algo in enumerate(("ring", "tree")):
+                    predicted[(r.op, r.algorithm)][k] += cost_model.predict(r.wire_op or r.op, r.payload_bytes,
+                                                                           r.group_size, algo)
         for (op, algo), row in sorted(self.totals(by_algorithm=True).items()):
             line = (f"{op:<15}{algo:>7}{int(row['calls']):>6}{row['payload_bytes'] / 1e6:>11.3f}"
                     f"{row['sent_bytes'] / 1e6:>9.3f}{row['wire_bytes'] / 1e6:>9.3f}{row['span_s'] * 1e3:>10.3f}"
@@ -202,11 +273,16 @@ class Trace:
 
     def save(self, path: str) -> None:
         with open(path, "w") as f:
-            json.dump({"records": self.to_json(), "totals": self.totals()}, f, indent=1)
+            json.dump({"records": self.to_json(), "waits": self.waits, "totals": self.totals()}, f, indent=1)
 
-    def _add(self, rec: Record) -> None:
+    def _add(self, rec: Record, group) -> None:
         with self._lock:
             self.records.append(rec)
+            self.groups.setdefault(rec.group, group)
+
+    def _waited(self, start: float, end: float) -> None:
+        with self._lock:
+            self.waits.append((start, end, threading.get_ident()))
 
 
 @contextlib.contextmanager
@@ -229,80 +305,33 @@ def _group_name(group: dist.ProcessGroup | None) -> str:
         return str(id(group))
 
 
-def _wire_op(op: str, algorithm: str, group) -> str:
-    """The collective the backend runs for `op`: gloo's own reduce_scatter is an all_reduce."""
-    if op == "reduce_scatter" and algorithm == "native" and dist.get_backend(group) == "gloo":
-        return "all_reduce"
-    return op
-
-
 def record(op: str, tensor: torch.Tensor | None, payload_numel: int, group, work, issued_s: float, *,
-           is_root: bool = False, algorithm: str = "native"):
+           is_root: bool = False, algorithm: str = "native", root: int | None = None):
     """Append one Record to every active trace; return the handle the caller should get back.
 
     Called only when _ACTIVE is non-empty, right after the issuing call returned. An async
-    handle comes back wrapped in a TimedWork, which times the caller's wait(); the
-    completion time comes from the work's future, or, for a handle without one, from wait().
+    handle comes back wrapped in a TimedWork, which times the caller's waits (on it and on its
+    future); the completion time comes from the work's future, or, without one, from wait().
     """
     launched = time.perf_counter()
     world = dist.get_world_size(group)
-    itemsize = tensor.element_size() if tensor is not None else 0
-    payload = payload_numel * itemsize
-    sent = ring_bytes_sent(op, payload, world, is_root=is_root)
-    wire_op = _wire_op(op, algorithm, group)
+    payload = payload_numel * (tensor.element_size() if tensor is not None else 0)
+    wire_op, wire = backend_bytes(op, algorithm, dist.get_backend(group), payload, world, is_root)
     rec = Record(
         op=op, group=_group_name(group), group_size=world,
         dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else "-",
-        numel=payload_numel, payload_bytes=payload, sent_bytes=sent,
-        async_op=work is not None, issued_s=issued_s, algorithm=algorithm, wire_op=wire_op,
-        wire_bytes=sent if wire_op == op else ring_bytes_sent(wire_op, payload, world, is_root=is_root),
-        launched_s=launched,
-    )
-    for t in _ACTIVE:
-        t._add(rec)
+        numel=payload_numel, payload_bytes=payload, sent_bytes=ring_bytes_sent(op, payload, world, is_root=is_root),
+        async_op=work is not None, issued_s=issued_s, algorithm=algorithm, wire_op=wire_op, wire_bytes=wire,
+        launched_s=launched, root=root)
+    traces = list(_ACTIVE)
+    for t in traces:
+        t._add(rec, group)
     if work is None:
         rec.completed_s = launched
         return None
     try:
         future = work.get_future()
     except RuntimeError:  # gloo's async reduce_scatter has no future: time it at wait()
-        return TimedWork(work, rec, has_future=False)
-    future.add_done_callback(functools.partial(_completed, rec))  # holds the record, not the work
-    return TimedWork(work, rec, has_future=True)
-
-
-def _completed(rec: Record, _future) -> None:
-    rec.completed_s = time.perf_counter()
-
-
-class TimedWork:
-    """The handle of a traced async collective: times the caller's wait() (Record.waited_s).
-
-    For a handle without a future, the completion time is taken at wait() too: when
-    wait() is entered if the work had already finished, else when it returns (an upper
-    bound, the best a future-less handle allows). Everything else passes through.
-    """
-
-    __slots__ = ("_work", "_rec", "_has_future")
-
-    def __init__(self, work, rec: Record, has_future: bool = False):
-        self._work, self._rec, self._has_future = work, rec, has_future
-
-    def wait(self, *args, **kwargs):
-        entered = time.perf_counter()
-        finished_before = not self._has_future and self._work.is_completed()
-        done = self._work.wait(*args, **kwargs)
-        returned = time.perf_counter()
-        self._rec.waited_s += returned - entered
-        if self._rec.completed_s is None:  # no future, or its callback is still to run
-            self._rec.completed_s = entered if finished_before else returned
-        return done
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def get_future(self):
-        return self._work.get_future()
-
-    def __getattr__(self, name: str):
-        return getattr(self._work, name)
+        return TimedWork(work, rec, traces, None)
+    on_cpu = tensor is None or tensor.device.type == "cpu"
+    return TimedWork(work, rec, traces, TimedFuture(future, rec, traces) if on_cpu else future)

@@ -37,8 +37,8 @@ declares its divided input (DIVIDED_INPUT), so the reducer pre-divides whenever
 it is the registered hook.
 
 Its future is the Work's own (several Works' combined by
-torch.futures.collect_all, in C++): no Python continuation runs on the communication
-thread. A continuation would hold the GIL there while it ran, delaying that
+comm.collect_all: torch.futures.collect_all, in C++): no Python continuation runs on the
+communication thread (under comm.trace() one does, to time completions and waits). A continuation would hold the GIL there while it ran, delaying that
 thread's next collective and stalling autograd's Python hooks (measured at
 ~2-3% of the CPU benchmark's step when the copy into p.grad was one).
 """
@@ -84,7 +84,7 @@ def allreduce_presummed(state, bucket: Bucket) -> torch.futures.Future:
             packed.append(g)
     if packed:
         futures.append(comm.all_reduce_coalesced(packed, comm.ReduceOp.SUM, group=group, async_op=True).get_future())
-    return futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+    return futures[0] if len(futures) == 1 else comm.collect_all(futures)
 
 
 setattr(allreduce_presummed, DIVIDED_INPUT, True)

@@ -36,7 +36,8 @@ def _traced_step(tmpdir):
     assert all(r.completed_s is not None and r.completed_s >= r.issued_s for r in t.records)
     assert [r["span_s"] for r in saved["records"]] == [r.span_s for r in t.records]
     wire = [r.wire_bytes for r in t.records]
-    assert wire == [2 * r.sent_bytes if r.wire_op == "all_reduce" and r.op == "reduce_scatter" else r.sent_bytes
+    assert wire == [2 * r.sent_bytes if r.wire_op == "all_reduce" and r.op == "reduce_scatter" else
+                    r.sent_bytes + r.payload_bytes * (n - 1) // n ** 2 if r.op == "reduce" else r.sent_bytes
                     for r in t.records] and t.wire_bytes == sum(wire)
     return [(r.op, r.payload_bytes, r.sent_bytes, r.group_size, r.dtype) for r in t.records], \
         [(r.op, r.payload_bytes) for r in inner.records], t.summary(), [(r.op, r.algorithm, r.wire_op) for r in t.records]
@@ -54,8 +55,8 @@ def test_trace_bytes_equal_ring_formulas(run_dist, tmp_path, n):
             ("all_gather", s * n, s * n * (n - 1) // n),
             ("reduce_scatter", s * n, s * n * (n - 1) // n),
             ("reduce_scatter", s * n, s * n * (n - 1) // n),
-            ("broadcast", s, s),
-            ("reduce", s, s),
+            ("broadcast", s, s * (n - 1) // n),  # the mean over ranks: N-1 of N send S
+            ("reduce", s, s * (n - 1) // n),
             ("all_to_all", s, s * (n - 1) // n),
             ("scatter", 1000 * n, 1000 * n * (n - 1) // n if root else 0),
             ("gather", 1000 * n, 0 if root else 1000),
@@ -112,3 +113,33 @@ def test_async_times_span_waited_exposed_wire(run_dist):
     assert totals["span_s"] == pytest.approx(span + sum(spans))
     assert totals["wire_s"] == pytest.approx(wire + sum(wires))
     assert all(col in summary for col in ("span ms", "waited ms", "exposed ms", "wire ms", "ring ms"))
+
+
+def _waits_on_futures():
+    """DDP waits on futures (one, or several collected): each wait is an interval of the trace."""
+    x, y = torch.ones(4096), torch.ones(4096)
+    with comm.trace() as t:
+        fut = comm.all_reduce(x, async_op=True).get_future()
+        both = comm.collect_all([comm.all_reduce(y, async_op=True).get_future(),
+                                          comm.broadcast(torch.ones(8), src=1, async_op=True).get_future()])
+        value = fut.wait()
+        both.wait()
+        chained = comm.all_reduce(torch.ones(3), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+        doubled = chained.wait()
+    names = [r.op for r in t.records]
+    return (names, [r.root for r in t.records], len(t.waits), float(value[0][0]), float(doubled[0]),
+            all(a <= b for a, b, _ in t.waits), t.records[0].waited_s > 0 or t.records[0].completed_s <= t.waits[0][0],
+            all(r.completed_s is not None for r in t.records))
+
+
+def test_waits_on_futures_are_recorded_and_futures_compose(run_dist):
+    for names, roots, n_waits, value, doubled, ordered, first, completed in run_dist(2, _waits_on_futures):
+        assert names == ["all_reduce", "all_reduce", "broadcast", "all_reduce"] and roots == [None, None, 1, None]
+        assert n_waits == 3 and ordered and first and completed  # fut, both (collected) and chained waits
+        assert value == 2.0 and doubled == 4.0                   # values pass through, chaining works
+
+
+def test_hidden_share_is_one_definition():
+    assert comm.hidden_share(step_s=1.2, no_comm_step_s=1.0, comm_alone_s=0.8) == pytest.approx(0.75)
+    assert comm.hidden_share(1.0, 1.0, 0.5) == 1.0 and comm.hidden_share(2.0, 1.0, 0.5) == -1.0
+    assert comm.hidden_share(1.0, 1.0, 0.0) is None
