@@ -3,24 +3,28 @@
     torchrun --standalone --nproc_per_node=2 -m recipes.compare      # the table, the charts, the timeline
     python -m recipes.compare --estimate model.n_layer=12           # predicted memory, nothing runs
 
-Modules, one concept each:
+Modules, one concept each (collective bytes and times come from minidist.comm.trace, the one recorder):
     analytic    what each strategy must send per step, call by call (2S(N-1)/N, (3S-S_root)(N-1)/N, ...)
-    recorder    phases, waits and collectives of the measured steps on one rank
-    intervals   union / intersection of time intervals (overlap arithmetic)
-    analysis    raw measurements -> one row: bytes, algbw/busbw, compute vs exposed comm
+    measure     one strategy on one rank with the trainer's own step: trace, kernel bytes, plain baseline
+    replay      a step's collectives again, one at a time: time alone, algbw / busbw (nccl-tests)
+    intervals   union / intersection of time intervals
+    analysis    every rank's raw measurements -> one row: bytes, time, memory
+    allocator   peak memory as the allocator saw it (torch's profiler on the CPU, the CUDA allocator)
     memory      MemoryLedger: live tensor bytes of a step by role, at its peak
     profile     the plain model's step on fake tensors (activations, temporaries over time)
-    estimate    per-rank peak predicted per strategy and world (ZeRO's formulas + engine rules)
-    projection  alpha-beta communication time at 8..1024 ranks, ring vs tree, per link class
+    footprints  what today's ZeRO-1 and FSDP hold at each instant (minidist.footprint; DDP's: minidist.ddp.footprint)
+    estimate    per-rank peak predicted per strategy and world: the profile plus the engine's footprint
+    projection  communication at 8..1024 ranks as NCCL runs it (ring or tree, nodes and NICs), against compute
     timeline    Chrome trace JSON and a PNG of the measured steps
-    report      the table (text, Markdown, CSV, JSON); plots: the bar chart
-    measure     one strategy on one rank; run: the whole comparison
+    report      the tables (text, Markdown, CSV, JSON); plots: the bar chart
+    run         the whole comparison, and --estimate
 """
 
+from minidist.compare.allocator import AllocatorPeak
 from minidist.compare.analytic import Layout, plan, ring_bytes
 from minidist.compare.estimate import MemoryEstimate, estimate_memory, model_state_bytes
 from minidist.compare.memory import MemoryLedger
 from minidist.compare.profile import StepProfile, profile_step
 
-__all__ = ["Layout", "plan", "ring_bytes", "MemoryEstimate", "estimate_memory", "model_state_bytes", "MemoryLedger",
+__all__ = ["AllocatorPeak", "Layout", "plan", "ring_bytes", "MemoryEstimate", "estimate_memory", "model_state_bytes", "MemoryLedger",
            "StepProfile", "profile_step"]

@@ -1,171 +1,162 @@
-"""From every rank's raw measurements of one strategy to one row of the comparison table.
+"""From every rank's raw measurements of one strategy to one row of the comparison.
 
-Definitions (per optimizer step; times are means over ranks and measured steps):
+Bytes per step, the mean over ranks (a broadcast is sent by N-1 of N ranks; minidist.comm.trace):
 
-  bytes        payload S and ring bytes sent per rank as minidist.comm.trace counts them (rank 0),
-               beside the same formulas applied to the model's layout (minidist.compare.analytic)
-  wire time    of one collective on rank 0: completion - max(the last member's issue, completion
-               of the collective before it on the same process group). A span from issue to
-               completion also holds the wait for the slowest rank to arrive and the time queued
-               behind earlier work of the group (gloo's queue, NCCL's stream); the wire time does
-               not. It still holds the backend's threads waiting for a core (gloo on a busy CPU)
-  algbw        payload / wire time; busbw = algbw * 2(n-1)/n (all_reduce), (n-1)/n (all_gather,
-               reduce_scatter), 1 (broadcast): nccl-tests' definitions
-  predicted    CostModel.predict (ring) of the collective the backend really runs
-  step         forward start to optimizer end
-  exposed      time the main thread was blocked on communication: inside a Work/Future wait,
-               or inside a synchronous collective
-  compute      step - exposed (everything else the main thread did)
-  hidden       time some collective was in flight while the main thread was not blocked;
-               hidden share = hidden / time communicating (HTA's overlap definition, with the
-               main thread standing in for the compute stream)
+    trace      what minidist.comm.trace counts under the ring model (sent_bytes)
+    wire       the same for the collective the backend really runs (gloo's own reduce_scatter
+               is an all_reduce; minidist's ring on gloo is not)
+    kernel     what the kernel counted this process writing (comm.kernel_io, /proc/self/io), on
+               gloo; elsewhere None ("not measured": NCCL moves bytes the kernel does not see)
+    formula    the textbook formulas applied call by call to the model's layout (analytic.plan)
+
+Time (medians over the measured steps, their spread the interquartile range; a step's time is
+the slowest rank's):
+
+    step       the trainer's step (minidist.train.trainer.train_step)
+    baseline   the same step of the plain model: no wrapper, no communication
+    overhead   step - baseline: what the strategy adds (exposed communication and engine work)
+    alone      the step's collectives alone (replay.py): per call the median of its repeats,
+               summed; the mean over ranks (nccl-tests' default)
+    hidden     minidist.comm.trace.hidden_share(step, baseline, alone): the one definition
+    predicted  the alpha-beta ring prediction (calibrated alpha, beta) of the collectives the
+               backend runs, and its error against `alone`
+    blocked    main-thread time inside collective calls and waits (the trace; not "hidden")
+    algbw      per op, payload / time alone; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n
+               (all_gather, reduce_scatter), 1 (broadcast): nccl-tests' definitions
+
+Memory (the rank with the largest peak): the allocator's peak (minidist.compare.allocator: torch's
+profiler on the CPU, the CUDA allocator on a GPU), the ledger's split of its own peak by role,
+and the estimate (minidist.compare.estimate) with its error against the allocator's peak.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
-from minidist.comm import CostModel
+from minidist.comm import CostModel, hidden_share
 from minidist.compare import intervals
 from minidist.compare.analytic import CLOSED_FORM, Layout, busbw_factor, plan, ring_bytes
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.profile import StepProfile
 
 
-def arrivals(records_by_rank: list[list[dict]]) -> list[list[float]]:
-    """When the last member of each collective's group issued it (the earliest it can start).
-
-    Collectives on one group are matched by issue order on every rank, so the k-th record of
-    group g on one rank and the k-th of g on another are the same collective.
-    """
-    issued: dict[tuple[str, int], float] = {}
-    keys = []
-    for records in records_by_rank:
-        seen: dict[str, int] = {}
-        mine = []
-        for r in records:
-            k = (r["group"], seen.get(r["group"], 0))
-            seen[r["group"]] = k[1] + 1
-            issued[k] = max(issued.get(k, r["issued"]), r["issued"])
-            mine.append(k)
-        keys.append(mine)
-    return [[issued[k] for k in mine] for mine in keys]
+def spread(xs: list[float]) -> dict[str, float]:
+    """Median, quartiles, min and max of `xs`."""
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": xs[0], "max": xs[-1]}
 
 
-def wire_times(records: list[dict], arrived: list[float] | None = None) -> list[float]:
-    """Each record's wire time (see the module docstring), in record order."""
-    arrived = arrived or [r["issued"] for r in records]
-    out = [0.0] * len(records)
-    last_done: dict[str, float] = {}
-    for i in sorted(range(len(records)), key=lambda i: records[i]["issued"]):
-        r = records[i]
-        done = r["completed"] if r["completed"] is not None else r["issued"]
-        start = max(arrived[i], last_done.get(r["group"], arrived[i]))
-        out[i] = max(0.0, done - start)
-        last_done[r["group"]] = max(done, last_done.get(r["group"], done))
+def _step_times(per_rank: list[list[list[float]]]) -> list[float]:
+    """Per step, the slowest rank's duration."""
+    return [max(b - a for a, b in steps) for steps in zip(*per_rank)]
+
+
+def _bytes(raws: list[dict], steps: int, calls) -> dict:
+    n = len(raws)
+    mean = lambda key: sum(r[key] for raw in raws for r in raw["records"]) / n / steps  # noqa: E731
+    kernel = [raw["kernel_bytes"] for raw in raws]
+    out = {"payload": sum(r["payload_bytes"] for r in raws[0]["records"]) / steps, "trace": mean("sent_bytes"),
+           "wire": mean("wire_bytes"), "formula": ring_bytes(calls),
+           "kernel": None if None in kernel else sum(kernel) / n / steps,
+           "kernel_per_rank": None if None in kernel else [k / steps for k in kernel]}
+    out["kernel_error"] = None if out["kernel"] is None or not out["wire"] else out["kernel"] / out["wire"] - 1
     return out
 
 
-def op_stats(records: list[dict], steps: int, cost: CostModel, backend: str,
-             arrived: list[float] | None = None) -> dict[str, dict]:
-    """Per op and step: calls, payload, ring and backend bytes, wire time, algbw, busbw, predicted time.
+def _alone(raws: list[dict], cost: CostModel) -> dict:
+    """The replayed step: total, per op (time, algbw, busbw), the prediction."""
+    calls = [raw["alone"]["calls"] for raw in raws]
+    repeats = len(calls[0][0]["seconds"]) if calls[0] else 0
+    per_call = [statistics.mean(statistics.median(rank[i]["seconds"]) for rank in calls) for i in range(len(calls[0]))]
+    rounds = [statistics.mean(sum(c["seconds"][k] for c in rank) for rank in calls) for k in range(repeats)]
+    ops: dict[str, dict] = defaultdict(lambda: {"calls": 0, "payload": 0, "bus": 0.0, "seconds": 0.0, "predicted": 0.0})
+    for c, t in zip(calls[0], per_call):
+        o = ops[c["op"]]
+        o["calls"] += 1
+        o["payload"] += c["payload_bytes"]
+        o["bus"] += c["payload_bytes"] * busbw_factor(c["op"], c["group_size"])
+        o["seconds"] += t
+        o["predicted"] += cost.predict(c["wire_op"], c["payload_bytes"], c["group_size"], "ring")
+    for o in ops.values():
+        o["algbw_GBps"] = o["payload"] / o["seconds"] / 1e9 if o["seconds"] > 0 else None
+        o["busbw_GBps"] = o["bus"] / o["seconds"] / 1e9 if o["seconds"] > 0 else None
+    total = sum(per_call)
+    predicted = sum(o["predicted"] for o in ops.values())
+    return {"seconds": total, "spread": spread(rounds) if rounds else None, "ops": dict(ops),
+            "predicted": predicted, "error": predicted / total - 1 if total > 0 else None, "repeats": repeats}
 
-    Backend bytes and the prediction follow the collective that really ran (the trace's
-    wire_op / wire_bytes): gloo's own reduce_scatter moves an all_reduce's bytes, the ring
-    minidist.comm runs on gloo by default moves the ring minimum.
-    """
-    acc: dict[str, dict] = defaultdict(lambda: dict(calls=0, payload=0, sent=0, backend=0, wire_s=0.0,
-                                                    predicted_s=0.0, busbw_num=0.0))
-    for r, wire in zip(records, wire_times(records, arrived)):
-        a, n = acc[r["op"]], r["group_size"]
-        a["calls"] += 1
-        a["payload"] += r["payload_bytes"]
-        a["sent"] += r["sent_bytes"]
-        a["backend"] += r["wire_bytes"]  # what ran: gloo's native reduce_scatter is an all_reduce, minidist's ring is not
-        a["wire_s"] += wire
-        a["predicted_s"] += cost.predict(r["wire_op"], r["payload_bytes"], n, "ring")
-        a["busbw_num"] += r["payload_bytes"] * busbw_factor(r["op"], n)
-    out = {}
-    for op, a in sorted(acc.items()):
-        wire = a["wire_s"]
-        out[op] = {"calls": a["calls"] / steps, "payload_bytes": a["payload"] / steps, "sent_bytes": a["sent"] / steps,
-                   "backend_bytes": a["backend"] / steps, "wire_s": wire / steps,
-                   "predicted_s": a["predicted_s"] / steps,
-                   "algbw_GBps": a["payload"] / wire / 1e9 if wire > 0 else None,
-                   "busbw_GBps": a["busbw_num"] / wire / 1e9 if wire > 0 else None}
+
+def _blocked(raw: dict) -> float:
+    """Main-thread seconds per step inside collective calls or waits (the trace)."""
+    sync = [(r["issued"], r["completed"] if not r["async_op"] else r["launched"]) for r in raw["records"]
+            if r["completed"] is not None]
+    return intervals.length(sync + [tuple(w) for w in raw["main_waits"]]) / max(1, len(raw["steps"]))
+
+
+def _time(raws: list[dict], alone: dict) -> dict:
+    step = spread(_step_times([r["steps"] for r in raws]))
+    base = spread(_step_times([r["baseline"]["steps"] for r in raws]))
+    out = {"step": step, "baseline": base, "overhead": step["median"] - base["median"], "alone": alone["seconds"],
+           "hidden": hidden_share(step["median"], base["median"], alone["seconds"]),
+           "predicted": alone["predicted"], "predicted_error": alone["error"],
+           "blocked": statistics.mean(_blocked(r) for r in raws)}
+    phases: dict[str, list[float]] = defaultdict(list)
+    for name, _, a, b in raws[0]["baseline"]["phases"]:
+        phases[name].append(b - a)
+    out["baseline_phases"] = {k: statistics.median(v) for k, v in phases.items()}
     return out
 
 
-def time_split(raw: dict) -> dict[str, float]:
-    """Step, compute, exposed and hidden communication of one rank, summed over its measured steps."""
-    windows: dict[int, list[float]] = {}
-    for _, _, step, start, end in raw["phases"]:
-        w = windows.setdefault(step, [start, end])
-        w[0], w[1] = min(w[0], start), max(w[1], end)
-    spans = [(r["issued"], r["completed"]) for r in raw["records"] if r["completed"] is not None]
-    sync = [(r["issued"], r["completed"]) for r in raw["records"] if not r["async_op"] and r["completed"] is not None]
-    blocked = intervals.union([(a, b) for _, a, b in raw["waits"]] + sync)
-    comm = intervals.union(spans)
-    out = dict.fromkeys(("step_s", "exposed_s", "comm_s", "hidden_s"), 0.0)
-    for start, end in windows.values():
-        b = intervals.clip(blocked, (start, end))
-        c = intervals.clip(comm, (start, end))
-        out["step_s"] += end - start
-        out["exposed_s"] += intervals.length(b)
-        out["comm_s"] += intervals.length(c)
-        out["hidden_s"] += intervals.length(c) - intervals.length(intervals.intersect(c, b))
-    out["compute_s"] = out["step_s"] - out["exposed_s"]
-    return {k: v / max(1, len(windows)) for k, v in out.items()}
-
-
-def _mean_split(raws: list[dict]) -> dict[str, float]:
-    splits = [time_split(r) for r in raws]
-    out = {k: sum(s[k] for s in splits) / len(splits) for k in splits[0]}
-    out["hidden_share"] = out["hidden_s"] / out["comm_s"] if out["comm_s"] > 0 else None
-    return out
-
-
-def _memory(raws: list[dict], prof: StepProfile | None, strategy_cfg, optim: str) -> dict:
+def _memory(raws: list[dict], prof: StepProfile | None, strategy_cfg, cfg) -> dict:
     measured = [r["memory"] for r in raws if r["memory"]]
     if not measured:
         return {}
-    worst = max(range(len(measured)), key=lambda i: measured[i]["total"])
-    out = {"measured": measured[worst] | {"rank": raws[worst]["rank"]}}
+    worst = max(range(len(measured)), key=lambda i: measured[i]["allocator"] or 0)
+    m = measured[worst]
+    out = {"allocator": m["allocator"], "instrument": m["instrument"], "ledger": m["ledger"], "by_role": m["by_role"],
+           "where": m["where"], "rank": raws[worst]["rank"],
+           "ledger_error": m["ledger"] / m["allocator"] - 1 if m["allocator"] else None}
     if prof is not None:
-        mesh = raws[0]["mesh"]
-        shard = mesh["shape"][-1] if strategy_cfg.name == "hybrid_shard" else None
-        est = estimate_memory(prof, strategy_cfg.name, raws[0]["world"], optimizer=optim, shard_size=shard,
-                              backend=raws[0]["backend"], **_prefetch(strategy_cfg))
-        out["predicted"] = {"total": est.total, "by_role": est.by_role, "where": est.where}
-        out["error"] = est.total / measured[worst]["total"] - 1
+        est = estimate_memory(prof, strategy_cfg.name, raws[0]["world"], device=raws[0]["device"],
+                              optimizer=cfg.optim.name, backend=raws[0]["backend"], **settings_of(strategy_cfg, raws[0]))
+        out["estimate"] = {"total": est.total, "by_role": est.by_role, "where": est.where}
+        out["error"] = est.total / m["allocator"] - 1 if m["allocator"] else None
     return out
 
 
-def _prefetch(strategy_cfg) -> dict:
-    keys = ("max_inflight_all_gathers", "forward_prefetch", "backward_prefetch")
-    return {k: getattr(strategy_cfg, k) for k in keys if hasattr(strategy_cfg, k)}
+def settings_of(strategy_cfg, raw: dict | None = None, world: int | None = None) -> dict:
+    """estimate_memory's settings from a strategy preset (and the mesh a run really used)."""
+    name = strategy_cfg.name
+    out = {}
+    if name in ("ddp", "zero1"):
+        out |= {"bucket_cap_mb": strategy_cfg.bucket_cap_mb, "gradient_as_bucket_view": strategy_cfg.gradient_as_bucket_view}
+    if name in ("shard_grad_op", "full_shard", "hybrid_shard", "no_shard"):
+        out |= {k: getattr(strategy_cfg, k) for k in ("max_inflight_all_gathers", "forward_prefetch",
+                                                      "backward_prefetch")}
+    if name == "hybrid_shard":
+        out["shard_size"] = raw["mesh"]["shape"][-1] if raw else min(strategy_cfg.shard_size or world, world)
+    return out
 
 
 def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepProfile | None, cfg,
                  strategy_cfg) -> dict:
     """One strategy's measured and predicted numbers (plain JSON; see the module docstring)."""
     r0, steps = raws[0], cfg.steps
-    world, backend = r0["world"], r0["backend"]
+    world = r0["world"]
     lay = Layout(layout.param_numels, layout.unit_numels, tuple(r0["bucket_numels"]) or layout.bucket_numels,
                  layout.itemsize)
     shard = r0["mesh"]["shape"][-1] if strategy_cfg.name == "hybrid_shard" else None
     calls = plan(strategy_cfg.name, lay, world, shard, grad_clip=cfg.trainer.grad_clip > 0)
-    ops = op_stats(r0["records"], steps, cost, backend, arrivals([r["records"] for r in raws])[0])
-    return {
-        "strategy": strategy_cfg.name, "world": world, "backend": backend, "mesh": r0["mesh"],
-        "ops": ops,
-        "payload_bytes": sum(o["payload_bytes"] for o in ops.values()),
-        "ring_bytes": sum(o["sent_bytes"] for o in ops.values()),
-        "ring_bytes_analytic": ring_bytes(calls), "closed_form": CLOSED_FORM.get(strategy_cfg.name, ""),
-        "calls_analytic": len(calls),
-        "backend_bytes": sum(o["backend_bytes"] for o in ops.values()),
-        "comm_wire_s": sum(o["wire_s"] for o in ops.values()),
-        "comm_predicted_s": sum(o["predicted_s"] for o in ops.values()),
-        "time": _mean_split(raws),
-        "memory": _memory(raws, prof, strategy_cfg, cfg.optim.name),
-    }
+    counts: dict[str, float] = defaultdict(float)
+    for r in r0["records"]:
+        counts[r["op"]] += 1 / steps
+    alone = _alone(raws, cost)
+    note = ""
+    if strategy_cfg.name == "hybrid_shard" and (shard or world) >= world:
+        note = f"shard group = all {world} ranks, one replica: this is full_shard"
+    return {"strategy": strategy_cfg.name, "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
+            "calls": dict(counts), "calls_formula": len(calls), "closed_form": CLOSED_FORM.get(strategy_cfg.name, ""),
+            "bytes": _bytes(raws, steps, calls), "alone": alone, "time": _time(raws, alone),
+            "memory": _memory(raws, prof, strategy_cfg, cfg)}

@@ -5,23 +5,27 @@
     ring_bytes(calls)            # bytes one rank sends: the textbook formulas, summed over the calls
 
 Per step and rank, S = bytes of the parameters (FSDP: of the units' flat buffers, padded to a
-multiple of the shard group), N ranks, ring model (minidist.comm.trace.ring_bytes_sent):
+multiple of the shard group), N ranks, ring model (minidist.comm.trace.ring_bytes_sent; a
+broadcast counted as the mean over ranks, S (N-1)/N: N-1 of the N ranks send S):
 
     ddp            one all_reduce per gradient bucket                     2 S (N-1)/N
-    zero1          ddp's, plus one broadcast of each owner's share of      2 S (N-1)/N + S
-                   the updated parameters (every rank forwards each share
-                   in a pipelined ring; an all_gather would send S (N-1)/N)
+    zero1          ddp's, plus one broadcast of each owner's share of      3 S (N-1)/N
+                   the updated parameters (what an all_gather would send)
     shard_grad_op  per unit: all_gather (forward), reduce_scatter          2 S (N-1)/N
-    full_shard     per unit: all_gather (forward), all_gather (backward,   3 S (N-1)/N
-                   freed after forward), reduce_scatter
-    hybrid_shard   full_shard in a shard group of G, then an all_reduce    3 S (G-1)/G + 2 (S/G)(R-1)/R
-                   of each reduced shard across the R = N/G replicas
+    full_shard     per unit: all_gather (forward), all_gather (backward,   (3 S - S_root) (N-1)/N
+                   freed after forward; not the root, kept), reduce_scatter
+    hybrid_shard   full_shard in a shard group of G, then an all_reduce    (3 S - S_root) (G-1)/G
+                   of each reduced shard across the R = N/G replicas       + 2 (S/G) (R-1)/R
     no_shard       one all_reduce per unit                                 2 S (N-1)/N
 
 plus, for the FSDP strategies, the gradient-norm all_reduce of one fp32 scalar when clipping.
-A backend may move more than the logical collective: gloo's own reduce_scatter is an all_reduce
-of the whole input that keeps one chunk (2 S (N-1)/N instead of S (N-1)/N). What really ran and
-its bytes come from the trace (Record.wire_op, Record.wire_bytes; minidist.comm.ring on gloo).
+Each call also says when in the step it is issued (phase: forward, backward, or after the
+backward: ZeRO-1's parameter exchange, the clip) and so what compute could hide it
+(minidist.compare.projection), and is sized in the dtype the engine moves: gathered parameters
+in param_itemsize, reduced gradients in reduce_itemsize (fp32 unless an FSDP param_dtype /
+reduce_dtype says otherwise: DDP and ZeRO-1 reduce the gradients in the parameters' dtype).
+What the backend really runs, and what the kernel saw written, come from the trace and from
+minidist.comm.kernel_io (minidist.compare.analysis), never from here.
 """
 
 from __future__ import annotations
@@ -31,12 +35,11 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from minidist.comm.trace import ring_bytes_sent
-from minidist.zero.partition import partition_by_numel
+from minidist.compare.footprints import zero1_shares
 
-CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "2S(N-1)/N + S", "shard_grad_op": "2S(N-1)/N",
+CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "3S(N-1)/N", "shard_grad_op": "2S(N-1)/N",
                "full_shard": "(3S-S_root)(N-1)/N", "hybrid_shard": "(3S-S_root)(G-1)/G + 2(S/G)(R-1)/R",
-               "no_shard": "2S(N-1)/N",
-               "single": "0"}
+               "no_shard": "2S(N-1)/N", "single": "0"}
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -59,6 +62,8 @@ class Call:
     span: int = 0
     """Consecutive ranks the group stretches over (0 = group_size): a replica group of
     hybrid_shard holds one rank in every G, so it spans every node."""
+    phase: str = "backward"
+    """When it is issued: forward, backward, or after (the backward's end: nothing left to hide it)."""
 
     @property
     def ranks_spanned(self) -> int:
@@ -67,7 +72,7 @@ class Call:
 
 @dataclass(frozen=True)
 class Layout:
-    """The sizes a strategy's collectives are made of (elements)."""
+    """The sizes a strategy's collectives are made of (elements), and the bytes per element moved."""
 
     param_numels: tuple[int, ...]
     """Every parameter once (ZeRO-1 partitions them by numel)."""
@@ -76,8 +81,11 @@ class Layout:
     bucket_numels: tuple[int, ...]
     """DDP's gradient buckets as the reducer built them."""
     itemsize: int = 4
+    """Bytes per gradient element reduced (and per parameter element where nothing else is said)."""
     even_shares: bool = False
     """ZeRO-1: N equal shares instead of partitioning param_numels (a model known only by its size)."""
+    param_itemsize: int = 0
+    """Bytes per parameter element gathered or broadcast (0 = itemsize)."""
 
     @classmethod
     def from_model(cls, model: nn.Module, blocks, bucket_numels=()) -> "Layout":
@@ -89,33 +97,22 @@ class Layout:
         return cls(params, tuple(u for u in units if u), tuple(bucket_numels) or (sum(params),), itemsize)
 
     @classmethod
-    def uniform(cls, psi: float, layers: int, bucket_cap_bytes: int, itemsize: int = 2) -> "Layout":
+    def uniform(cls, psi: float, layers: int, bucket_cap_bytes: int, itemsize: int = 4,
+                param_itemsize: int = 0) -> "Layout":
         """A model of psi parameters in `layers` equal units and parameters, DDP buckets of the cap."""
         per_layer = int(psi // layers)
         per_bucket = max(1, bucket_cap_bytes // itemsize)
         n_buckets = -(-int(psi) // per_bucket)
         return cls((per_layer,) * layers, (per_layer,) * layers, (int(psi) // n_buckets,) * n_buckets, itemsize,
-                   even_shares=True)
+                   even_shares=True, param_itemsize=param_itemsize)
 
     @property
     def psi(self) -> int:
         return sum(self.param_numels)
 
-
-class _Numel:
-    """What partition_by_numel reads of a parameter."""
-
-    def __init__(self, n: int):
-        self._n = n
-
-    def numel(self) -> int:
-        return self._n
-
-
-def zero1_partition(param_numels, n: int) -> list[list[int]]:
-    """ZeRO-1's owners (minidist.zero.partition): the parameter sizes each of the n ranks updates."""
-    owner = partition_by_numel([_Numel(x) for x in param_numels], n)
-    return [[x for x, r in zip(param_numels, owner) if r == rank] for rank in range(n)]
+    @property
+    def gather_itemsize(self) -> int:
+        return self.param_itemsize or self.itemsize
 
 
 def _padded(numel: int, n: int) -> int:
@@ -124,31 +121,31 @@ def _padded(numel: int, n: int) -> int:
 
 def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, grad_clip: bool = True) -> list[Call]:
     """Every collective one step of `strategy` issues, per rank, at `world` ranks."""
-    b, n = lay.itemsize, world
+    g_b, p_b, n = lay.itemsize, lay.gather_itemsize, world
     if n <= 1 or strategy == "single":
         return []
     if strategy in ("ddp", "zero1"):
-        calls = [Call("all_reduce", x * b, n) for x in lay.bucket_numels]
+        calls = [Call("all_reduce", x * g_b, n) for x in lay.bucket_numels]
         if strategy == "zero1":
-            shares = ([lay.psi // n] * n if lay.even_shares else
-                      [sum(s) for s in zero1_partition(lay.param_numels, n) if s])
-            calls += [Call("broadcast", s * b, n) for s in shares]
+            shares = [lay.psi // n] * n if lay.even_shares else [sum(s) for s in zero1_shares(lay.param_numels, n) if s]
+            calls += [Call("broadcast", s * p_b, n, phase="after") for s in shares]
         return calls
     if strategy == "no_shard":
-        return [Call("all_reduce", u * b, n) for u in lay.unit_numels]
+        return [Call("all_reduce", u * g_b, n) for u in lay.unit_numels]
     g = (shard_size or n) if strategy == "hybrid_shard" else n
     r = n // g
     calls = []
     for i, u in enumerate(lay.unit_numels):
         # full_shard gathers again in backward, except the unit that ends the forward (the root,
         # first here), whose parameters stay gathered into backward (minidist.fsdp.unit)
-        gathers = 1 if strategy == "shard_grad_op" or i == 0 else 2
-        s = _padded(u, g) * b
-        calls += [Call("all_gather", s, g)] * gathers + [Call("reduce_scatter", s, g)]
+        calls.append(Call("all_gather", _padded(u, g) * p_b, g, phase="forward"))
+        if strategy != "shard_grad_op" and i != 0:
+            calls.append(Call("all_gather", _padded(u, g) * p_b, g))
+        calls.append(Call("reduce_scatter", _padded(u, g) * g_b, g))
         if r > 1:
-            calls.append(Call("all_reduce", s // g, r, span=n))
+            calls.append(Call("all_reduce", _padded(u, g) // g * g_b, r, span=n))
     if grad_clip and g > 1:
-        calls.append(Call("all_reduce", 4, g))
+        calls.append(Call("all_reduce", 4, g, phase="after"))
     return calls
 
 

@@ -17,19 +17,27 @@ from minidist.train.config import GROUPS, Backend, DType
 
 
 @dataclass
-class InterconnectProfile:
-    """A class of link for the projection: alpha-beta numbers, not a measurement."""
+class ClusterConfig:
+    """A cluster for the projection (minidist.compare.projection): alpha-beta numbers, not a measurement."""
 
-    alpha_us: float = 5.0
-    """Latency per message (per ring or tree step), microseconds."""
-    bandwidth_GBps: float = 50.0
-    """Bytes per second one rank sends over one link, in GB/s (beta = 1 / bandwidth)."""
+    gpus_per_node: int = 8
+    """Ranks per node: inside a node they talk over the intra-node fabric."""
+    intra_alpha_us: float = 2.0
+    """Latency per hop inside a node (NVLink / NVSwitch), microseconds."""
+    intra_GBps: float = 450.0
+    """Bandwidth per GPU inside a node, one direction, GB/s (NVLink 4: 900 GB/s both directions)."""
+    net_alpha_us: float = 8.0
+    """Latency per hop between nodes (NIC, switch, software), microseconds."""
+    nic_GBps: float = 50.0
+    """Bandwidth per NIC, one direction, GB/s (400 Gb/s = 50 GB/s)."""
+    nics_per_node: int = 8
+    label: str = ""
 
 
-def _default_profiles() -> dict[str, InterconnectProfile]:
-    return {"nvlink": InterconnectProfile(alpha_us=3.0, bandwidth_GBps=450.0),
-            "infiniband_400g": InterconnectProfile(alpha_us=5.0, bandwidth_GBps=50.0),
-            "ethernet_100g": InterconnectProfile(alpha_us=25.0, bandwidth_GBps=12.5)}
+def _default_clusters() -> dict[str, ClusterConfig]:
+    return {"h100_ib_8x400g": ClusterConfig(label="8 GPUs per node, NVLink 450 GB/s, 8 x 400 Gb/s InfiniBand"),
+            "gpu_eth_2x100g": ClusterConfig(net_alpha_us=25.0, nic_GBps=12.5, nics_per_node=2,
+                                            label="8 GPUs per node, NVLink 450 GB/s, 2 x 100 Gb/s Ethernet")}
 
 
 @dataclass
@@ -39,23 +47,19 @@ class ProjectionConfig:
     ranks: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024])
     """Rank counts to predict."""
     params: float = 7.5e9
-    """A second model to project, given by its parameter count (ZeRO's 7.5B example)."""
+    """A second model, given by its parameter count (ZeRO's 7.5B example), projected on the clusters."""
     layers: int = 32
     """Its FSDP units (transformer blocks)."""
-    bytes_per_param: int = 2
-    """Its bytes per parameter on the wire (bf16 gradients and gathered parameters)."""
     tokens_per_rank: int = 8192
-    """Its tokens per rank per step: compute = 6 * params * tokens / flops_per_s."""
+    """Its tokens per rank per step: compute = 6 params tokens / flops_per_s, 1/3 forward, 2/3 backward."""
     flops_per_s: float = 4.0e14
     """Achieved FLOP/s per rank (about 40% of a 1 PFLOP/s bf16 accelerator)."""
-    ranks_per_node: int = 8
-    """Ranks sharing the intra-node links; also hybrid_shard's shard group."""
     bucket_cap_mb: float = 25.0
     """DDP bucket size assumed for the second model."""
-    intra_node: str = "nvlink"
-    """Profile of the links inside a node (a key of profiles)."""
-    profiles: dict[str, InterconnectProfile] = field(default_factory=_default_profiles)
-    """Named link classes; the calibrated alpha and beta of this machine are always added."""
+    clusters: dict[str, ClusterConfig] = field(default_factory=_default_clusters)
+    """Named clusters; the measured model is projected on this machine's calibrated link only."""
+    devices_GB: list[float] = field(default_factory=lambda: [80.0, 141.0])
+    """Device memory sizes a rank's memory is checked against (H100 80 GB, H200 141 GB)."""
 
 
 @dataclass
@@ -65,9 +69,14 @@ class EstimateConfig:
     worlds: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 64])
     """World sizes to tabulate."""
     dtype: DType = DType.fp32
-    """Dtype of parameters, gradients and optimizer state."""
+    """Dtype of parameters, gradients and optimizer state (the model of `model=`, activations included)."""
     device: str = "cpu"
     """Device whose kernels (and so activations) are assumed: cpu or cuda."""
+    params: Optional[float] = None
+    """A bare parameter count instead of `model=`: ZeRO's model states only, in GB (no activations)."""
+    precision: str = "mixed"
+    """With params: "mixed" (the ZeRO paper's fp16 parameters and gradients, p = g = 2, and K = 12 of
+    fp32 Adam state: master weights, momentum, variance) or "fp32" (p = g = 4, K = 8)."""
 
 
 @dataclass
@@ -90,6 +99,8 @@ class CompareConfig:
     """Measured steps per strategy."""
     memory: bool = True
     """Measure peak memory on one extra step per strategy."""
+    replay_repeats: int = 5
+    """Times each collective of a step is run again alone (time alone, bandwidth)."""
     projection: ProjectionConfig = field(default_factory=ProjectionConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
     name: Optional[str] = None
@@ -109,9 +120,9 @@ def check(cfg) -> None:
     if cfg.steps < 1 or cfg.warmup_steps < 2:
         raise ValueError("steps must be >= 1 and warmup_steps >= 2: DDP rebuilds its buckets (a broadcast) in the "
                          "second step's forward, FSDP starts prefetching in the second step")
-    p = cfg.projection
-    if p.intra_node not in p.profiles:
-        raise ValueError(f"projection.intra_node={p.intra_node!r} is not one of projection.profiles: "
-                         f"{', '.join(p.profiles)}")
+    if cfg.estimate.precision not in ("mixed", "fp32"):
+        raise ValueError(f"estimate.precision={cfg.estimate.precision!r}: choose mixed (p = g = 2, K = 12) or fp32")
+    if cfg.replay_repeats < 1:
+        raise ValueError("replay_repeats must be >= 1")
     if cfg.model.name == "gpt" and cfg.data.source == "cifar10" or cfg.model.name != "gpt" and cfg.data.source == "stdlib":
         raise ValueError(f"model={cfg.model.name} cannot read data={cfg.data.source}")

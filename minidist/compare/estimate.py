@@ -4,39 +4,26 @@
     est = estimate_memory(prof, "full_shard", world=8)                   # or (model_on_meta, ..., batch=, loss_fn=, wrap=)
     est.total, est.by_role, est.where
 
-Model states at rest are ZeRO's formulas (Rajbhandari et al. 2020, Figure 1), model_state_bytes():
+How: profile_step() records the plain model's step on fake tensors (activations, temporaries and
+gradients after every operator, and which FSDP unit runs); the engine says what it holds at each
+instant of a step (its held(), the minidist.footprint interface: minidist/ddp/footprint.py,
+minidist/compare/footprints.py for ZeRO-1 and FSDP). At every profile sample, and at the
+instants only the engine knows (a unit's post_backward, the optimizer step), the estimate adds
+the two; its peak is the prediction. Nothing here knows an engine's schedule.
+
+Model states alone are ZeRO's formulas (Rajbhandari et al. 2020, Figure 1), model_state_bytes():
 psi parameters, N ranks, p bytes per parameter, g per gradient, K of optimizer state per parameter:
 
-    ddp            (p + g + K) psi                 ZeRO-1 (P_os)        (p + g) psi + K psi / N
+    ddp            (p + g + K) psi                 ZeRO-1 (P_os)          (p + g) psi + K psi / N
     shard_grad_op  p psi + (g + K) psi / N         full_shard (P_os+g+p)  (p + g + K) psi / N
 
-With fp16 parameters and gradients and mixed-precision Adam (K = 12: fp32 master, momentum,
-variance) that is the paper's 16 psi; training in fp32 it is (4 + 4 + K) psi, K = 8 for AdamW
-(the weights are their own master copy).
+With the paper's mixed precision (fp16 parameters and gradients, p = g = 2, and Adam's fp32
+master copy, momentum and variance, K = 12) that is 16 psi; training in fp32 it is (4 + 4 + K)
+psi, K = 8 for AdamW (the weights are their own master copy): 16 psi too.
 
-The peak of a step is more than states at rest: the activations saved for backward, the
-engines' buffers and gradients in flight coexist. profile_step() records the plain model's
-step on fake tensors; for each of its samples (and for the optimizer step) this module adds
-what the engine holds at that point, by the engine's own rules:
-
-    ddp, zero1      whole parameters; gradient buckets (a second copy of the gradients, kept for
-                    the whole run); the plain model's gradients as backward produces them.
-                    ZeRO-1: K psi / N (its largest share), and after step() every share is
-                    broadcast from its owner: p psi of flat buffers at once
-    FSDP            this rank's shards (padded to a multiple of N); the units unsharded at that
-                    point of the schedule: full_shard, the root (it encloses every other unit),
-                    the running unit and max_inflight prefetched ones; shard_grad_op, every unit
-                    gathered so far in forward until its own backward ends. In backward the running
-                    unit's (and the root's) unsharded gradients, the previous unit's padded flat
-                    still in its reduce_scatter, and the reduced shards of the units done
-    optimizer step  complete gradients, plus single-tensor AdamW's temporaries: two tensors
-                    the size of the largest parameter (piece) it updates
-    gloo            its native reduce_scatter all-reduces a copy of the input: one more padded unit
-                    (not with minidist's ring, the default on gloo: see minidist.comm.ring)
-                    while a unit's post_backward waits for the previous unit's reduction
-
-Assumes, like the engines' defaults, a root unit around a sequence of wrapped blocks.
-Not counted: allocator rounding and fragmentation, scratch a backend keeps out of sight.
+Not counted: allocator rounding and caching, tensors on threads the profile cannot see (gloo's
+workers, minidist's ring lane), the data pipeline. Checked against torch's allocator events
+(minidist.compare.allocator) in tests/compare/test_memory_validation.py.
 """
 
 from __future__ import annotations
@@ -46,18 +33,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from minidist.compare.analytic import zero1_partition
-from minidist.compare.memory import ROLES
+from minidist.compare import footprints
 from minidist.compare.profile import Sample, StepProfile, profile_step
-from minidist.comm.ring import algorithm_for
-from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS
+from minidist.ddp import footprint as ddp_footprint
+from minidist.ddp.bucket import ReducerPolicy
+from minidist.footprint import ROLES, Held, OptimizerModel
 
-OPTIMIZER_STATE_TENSORS = {"adamw": 2, "sgd": 1}
-"""Parameter-sized state tensors: AdamW's two moments, SGD's momentum buffer. K = that x itemsize
-(8 bytes per parameter for fp32 AdamW): torch's optimizers keep state in the parameters' dtype."""
+OPTIMIZERS = ("adamw", "sgd")
 STAGE = {"single": 0, "ddp": 0, "no_shard": 0, "zero1": 1, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
 """What each strategy shards, as a ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters."""
-FSDP_NAMES = ("shard_grad_op", "full_shard", "hybrid_shard", "no_shard")
 
 
 def model_state_bytes(psi: float, strategy: str, world: int, param_bytes: float = 4, grad_bytes: float = 4,
@@ -79,181 +63,89 @@ class MemoryEstimate:
     total: int = 0
     by_role: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     where: str = ""
-    """forward, backward or optimizer: the instant of the predicted peak."""
+    """The instant of the predicted peak, in words."""
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """One strategy's bytes on rank 0 (the rank with the most state), at rest."""
+def held(prof: StepProfile, strategy: str, world: int, *, device: str = "cpu", optimizer: str = "adamw",
+         shard_size: int | None = None, backend: str = "gloo", bucket_cap_mb: float | None = None,
+         gradient_as_bucket_view: bool = False, **fsdp) -> list[Held]:
+    """What `strategy`'s engine holds at each instant of a step (minidist.footprint)."""
+    if strategy not in STAGE:
+        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STAGE)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    opt = OptimizerModel(optimizer, device)
+    policy = ReducerPolicy(bucket_cap_mb, False, gradient_as_bucket_view)
+    if strategy in footprints.FSDP_STRATEGIES:
+        return footprints.fsdp_held(prof.layout, strategy, world, shard_size=shard_size, optimizer=opt, backend=backend,
+                                    device_type=device, **fsdp)
+    if strategy == "zero1":
+        return footprints.zero1_held(prof.layout, world, policy=policy, device_type=device, optimizer=opt)
+    return ddp_footprint.held(prof.layout, 1 if strategy == "single" else world, policy=policy, device_type=device,
+                              optimizer=opt)
 
-    params: int
-    optimizer: int
-    buckets: int = 0
-    step_buffers: int = 0
-    opt_temp: int = 0
-    full: tuple[int, ...] = ()
-    """FSDP: padded bytes of each unit unsharded (and of its gradient flat)."""
-    shard: tuple[int, ...] = ()
-    """FSDP: bytes of each unit's shard (its reduced gradient)."""
 
-
-def _shard_pieces(numels: list[int], shard: int) -> list[int]:
-    """Elements of each parameter inside rank 0's shard [0, shard) of a unit's flat buffer."""
-    out, offset = [], 0
-    for n in numels:
-        out.append(max(0, min(offset + n, shard) - offset))
-        offset += n
+def _lookup(rows: list[Held]) -> dict[tuple, Held]:
+    out: dict[tuple, Held] = {}
+    for h in rows:
+        out.setdefault((h.at.phase, h.at.unit, h.at.stage), h)
+        out.setdefault((h.at.phase, h.at.unit), h)
+        out.setdefault((h.at.phase, None), h)
     return out
 
 
-def _layout(prof: StepProfile, strategy: str, world: int, k: int, shard_size: int | None) -> _Layout:
-    b = prof.itemsize
-    step_b = 4 if k else 0  # AdamW keeps a 0-dim fp32 step counter per parameter tensor
-    if strategy not in FSDP_NAMES:
-        params, psi = prof.param_numels, prof.psi
-        mine = params
-        if strategy == "zero1":  # the rank with the largest share sets the peak
-            mine = max(zero1_partition(params, world), key=sum)
-        return _Layout(params=psi * b, optimizer=k * sum(mine) + step_b * len(mine),
-                       buckets=0 if strategy == "single" else psi * b,
-                       step_buffers=psi * b if strategy == "zero1" and world > 1 else 0,
-                       opt_temp=2 * max(mine) * b if k else 0)
-    n = 1 if strategy == "no_shard" else (shard_size or world) if strategy == "hybrid_shard" else world
-    padded = [-(-u // n) * n for u in prof.unit_numels]
-    shards = [p // n for p in padded]
-    pieces = [_shard_pieces(numels, s) for numels, s in zip(prof.unit_param_numels, shards)]
-    flat = [x for ps in pieces for x in ps]
-    return _Layout(params=sum(shards) * b, optimizer=k * sum(flat) + step_b * len(flat),
-                   opt_temp=2 * max(flat) * b if k else 0,
-                   full=tuple(p * b for p in padded) if n > 1 else tuple(0 for _ in padded),
-                   shard=tuple(s * b for s in shards))
+def _find(table: dict[tuple, Held], phase: str, unit: int, stage: int) -> Held:
+    return table.get((phase, unit, stage)) or table.get((phase, unit)) or table[(phase, None)]
 
 
-def _gathered(prof: StepProfile, smp: Sample, strategy: str, m_fwd: int, m_bwd: int) -> list[int]:
-    """Units unsharded at this sample (unit 0 is the root; units 1.. run in order)."""
-    if strategy == "no_shard":
-        return []
-    last = len(prof.unit_numels) - 1
-    unit = prof.segments[smp.segment]
-    keep = strategy == "shard_grad_op"  # parameters stay gathered from forward to backward
-    if unit == 0:
-        before_blocks = smp.segment == 0
-        if not smp.backward:
-            return [0] + (list(range(1, 1 + min(m_fwd, last))) if before_blocks else list(range(1, last + 1)) if keep else [])
-        if before_blocks:  # backward has reached the root's own first layers: every block is done
-            return [0]
-        return [0] + (list(range(1, last + 1)) if keep else list(range(last, max(0, last - m_bwd), -1)))
-    if not smp.backward:
-        ahead = list(range(unit + 1, min(last, unit + m_fwd) + 1))
-        return [0] + (list(range(1, unit + 1)) if keep else [unit]) + ahead
-    behind = list(range(max(1, unit - m_bwd), unit))
-    return [0] + (list(range(1, unit + 1)) if keep else [unit] + behind)
+def _total(h: Held, smp: Sample | None) -> dict[str, int]:
+    roles = dict.fromkeys(ROLES, 0) | {k: v for k, v in h.bytes.items()}
+    if smp is not None:
+        roles["activations"] += smp.activations
+        roles["other"] += smp.other
+        units = range(len(smp.grads)) if h.plain_grads is None else h.plain_grads
+        roles["gradients"] += sum(smp.grads[u] for u in units)
+    return roles
 
 
-def _fsdp_grads(prof: StepProfile, smp: Sample, lay: _Layout) -> tuple[int, int]:
-    """(gradient bytes, gradient flats in flight) at a backward sample under FSDP."""
-    if not smp.backward:
-        return sum(smp.grads), 0
-    last = len(prof.unit_numels) - 1
-    unit = prof.segments[smp.segment]
-    if unit == 0:
-        done = list(range(1, last + 1)) if smp.segment == 0 else []
-    else:
-        done = list(range(unit + 1, last + 1))
-    running = smp.grads[unit] + (smp.grads[0] if unit else 0)
-    in_flight = lay.full[min(done)] if done and lay.full else 0  # the previous unit's flat, reduce_scatter pending
-    return running + sum(lay.shard[u] for u in done), in_flight
-
-
-def _at_sample(prof: StepProfile, smp: Sample, strategy: str, lay: _Layout, prefetch: tuple[int, int]) -> dict:
-    roles = {"parameters": lay.params, "optimizer": lay.optimizer, "activations": smp.activations, "other": smp.other}
-    if strategy in FSDP_NAMES:
-        grads, flat = _fsdp_grads(prof, smp, lay)
-        full = lay.full if lay.full else ()
-        gathered = sum(full[u] for u in _gathered(prof, smp, strategy, *prefetch)) if full else 0
-        return roles | {"gradients": grads, "buffers": gathered + flat}
-    return roles | {"gradients": sum(smp.grads), "buffers": lay.buckets}
-
-
-def _at_post_backward(prof: StepProfile, smp: Sample, strategy: str, lay: _Layout, prefetch: tuple[int, int]) -> dict:
-    """A unit's post_backward: its padded gradient flat is filled while its unsharded grads still live.
-
-    (Just before, the unit's unsharded parameters were freed (reshard comes first) and the previous
-    unit's flat was waited on and freed: the new flat takes the parameters' place, one flat in flight.)
-    """
-    roles = _at_sample(prof, smp, strategy, lay, prefetch)
-    unit = prof.segments[smp.segment]
-    done = range(unit + 1, len(prof.unit_numels))
-    previous = lay.full[unit + 1] if unit + 1 < len(prof.unit_numels) else 0
-    return roles | {"buffers": roles["buffers"] - previous,
-                    "gradients": smp.grads[unit] + smp.grads[0] + sum(lay.shard[u] for u in done)}
-
-
-def _at_wait_previous(prof: StepProfile, smp: Sample, strategy: str, lay: _Layout, prefetch: tuple[int, int]) -> dict:
-    """A unit's post_backward, waiting for the previous unit's reduce_scatter, on gloo.
-
-    gloo's reduce_scatter all-reduces a clone of its whole input: until the wait, the previous
-    unit's padded flat exists twice (the clone is what the ledger sees as "other").
-    """
-    roles = _at_sample(prof, smp, strategy, lay, prefetch)
-    unit = prof.segments[smp.segment]
-    previous = lay.full[unit + 1] if unit + 1 < len(prof.unit_numels) else 0
-    return roles | {"other": roles["other"] + previous}
-
-
-def _last_backward_samples(prof: StepProfile) -> list[Sample]:
-    """The last backward sample of each non-root unit: the instant before its post_backward."""
-    last: dict[int, Sample] = {}
+def _instants(prof: StepProfile, rows: list[Held]):
+    """(Held, the profile sample it is evaluated on) for every sample and every engine-only instant."""
+    table = _lookup(rows)
+    last_of: dict[int, Sample] = {}
     for smp in prof.samples:
-        if smp.backward and prof.segments[smp.segment] != 0:
-            last[prof.segments[smp.segment]] = smp
-    return list(last.values())
-
-
-def _at_optimizer(prof: StepProfile, strategy: str, lay: _Layout) -> dict:
-    grads = sum(lay.shard) if strategy in FSDP_NAMES else prof.psi * prof.itemsize
-    other = 0 if lay.step_buffers else lay.opt_temp  # ZeRO-1 broadcasts after the update's temporaries are gone
-    return {"parameters": lay.params, "optimizer": lay.optimizer, "gradients": grads,
-            "buffers": lay.buckets + lay.step_buffers, "activations": 0, "other": other}
+        phase = "backward" if smp.backward else "forward"
+        unit = prof.segments[smp.segment]
+        stage = prof.root_stage(smp.segment, smp.backward) if unit == 0 else 0
+        if smp.backward:
+            last_of[unit] = smp
+        yield _find(table, phase, unit, stage), smp
+    for h in rows:
+        if h.at.phase == "post_backward" and h.at.unit in last_of:
+            yield h, last_of[h.at.unit]
+        elif h.at.phase == "optimizer":
+            yield h, None
 
 
 def estimate_memory(prof: StepProfile | nn.Module, strategy: str, world: int, dtype: torch.dtype | None = None, *,
-                    batch=None, loss_fn=None, wrap=None, device: str = "cpu", optimizer: str = "adamw",
-                    shard_size: int | None = None, max_inflight_all_gathers: int = DEFAULT_MAX_INFLIGHT_ALL_GATHERS,
-                    forward_prefetch: bool = True, backward_prefetch: bool = True,
-                    backend: str = "gloo") -> MemoryEstimate:
+                    batch=None, loss_fn=None, wrap=None, device: str = "cpu", **settings) -> MemoryEstimate:
     """Predicted per-rank peak bytes of one step of `strategy` at `world` ranks (see the module docstring).
 
-    prof: profile_step() of the model with one rank's batch, or the model itself built on the
-    meta device (then batch (meta tensors), loss_fn(model, batch) -> loss and wrap (the FSDP
-    block types) are needed, and dtype casts it first; profiling once and passing the profile
-    is cheaper for many strategies and worlds). shard_size: hybrid_shard's shard group (None =
-    world, one node). backend: gloo keeps a copy of each reduce_scatter's input until it is
-    waited on; nccl reduces in place.
+    prof: profile_step() of the model with one rank's batch, or the model itself built on the meta
+    device (then batch (meta tensors), loss_fn(model, batch) -> loss and wrap (the FSDP block types)
+    are needed, and dtype casts it first; profiling once and passing the profile is cheaper for
+    many strategies and worlds). settings: held()'s (optimizer, shard_size, backend, bucket_cap_mb,
+    gradient_as_bucket_view, max_inflight_all_gathers, forward_prefetch, backward_prefetch).
     """
     if isinstance(prof, nn.Module):
         if batch is None or loss_fn is None:
             raise ValueError("estimate_memory(model, ...) needs batch= (meta tensors of one rank's batch) and "
                              "loss_fn=(model, batch) -> loss, or a StepProfile from profile_step()")
         prof = profile_step(prof.to(dtype) if dtype is not None else prof, batch, loss_fn, wrap, device)
-    if strategy not in STAGE:
-        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STAGE)}")
-    if optimizer not in OPTIMIZER_STATE_TENSORS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_STATE_TENSORS)}")
-    lay = _layout(prof, strategy, world, OPTIMIZER_STATE_TENSORS[optimizer] * prof.itemsize, shard_size)
-    prefetch = (max_inflight_all_gathers if forward_prefetch else 0,
-                max_inflight_all_gathers if backward_prefetch else 0)
     best = MemoryEstimate(strategy, world)
-    instants = [("backward" if s.backward else "forward", _at_sample(prof, s, strategy, lay, prefetch))
-                for s in prof.samples]
-    if strategy in FSDP_NAMES and lay.full and any(lay.full):
-        last = _last_backward_samples(prof)
-        instants += [("backward", _at_post_backward(prof, s, strategy, lay, prefetch)) for s in last]
-        if backend == "gloo" and algorithm_for("gloo") == "native":  # minidist's ring keeps no clone
-            instants += [("backward", _at_wait_previous(prof, s, strategy, lay, prefetch)) for s in last]
-    instants.append(("optimizer", _at_optimizer(prof, strategy, lay)))
-    for where, roles in instants:
+    for h, smp in _instants(prof, held(prof, strategy, world, device=device, **settings)):
+        roles = _total(h, smp)
         total = sum(roles.values())
         if total > best.total:
-            best = MemoryEstimate(strategy, world, total, dict(roles), where)
+            best = MemoryEstimate(strategy, world, total, roles, h.note or h.at.phase)
     return best
+

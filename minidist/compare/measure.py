@@ -1,118 +1,189 @@
-"""Run one strategy on this rank: the trainer's model, data and wrappers, a few measured steps.
+"""Run one strategy on this rank with the trainer's own step: time, bytes, memory.
 
-    raw = measure_strategy(cfg, strategy_cfg, topo, train_ds, recorder)
+    raw = measure_strategy(cfg, strategy_cfg, topo, train_ds, t0)
 
-The same composition as training (minidist.train.parallelize: build_mesh, parallelize,
-build_optimizer; minidist.train.task for the model and its loss; BatchStream for this rank's
-data), the same seed, so every strategy starts from the same weights and reads the same
-batches. Per strategy:
+Per strategy, every rank, in this order:
 
-  warm-up    cfg.warmup_steps untimed steps: DDP rebuilds its buckets in gradient order after
-             the first, FSDP learns its unit order (prefetch starts on the second), AdamW
-             allocates its state;
-  measured   cfg.steps steps inside minidist.comm.trace() with phase and wait timestamps
-             (StepRecorder), after one barrier; no other synchronisation;
-  memory     one more step under MemoryLedger (slower, so never timed).
+  build      the trainer's composition: minidist.train.parallelize (build_mesh, parallelize,
+             build_optimizer), the task's model and loss, BatchStream; the same seed, weights
+             and batches for every strategy
+  warm-up    cfg.warmup_steps untimed steps: DDP rebuilds its buckets after the first, FSDP
+             records its unit order, AdamW allocates its state
+  measured   cfg.steps steps of minidist.train.trainer.train_step, inside comm.trace() (bytes,
+             issue, completion and wait times) and, on gloo, comm.kernel_io.written() (the bytes
+             the kernel saw this process write), alternating with the same steps of the plain
+             model (no wrapper, a plain optimizer, the same batches: the step without
+             communication), each first in turn and each after a barrier (torch's, untraced; its
+             bytes, measured by kernel_io, are taken off the kernel's count). Phase edges come
+             from the task's loss (Phased): forward is the loss call, backward runs from the
+             loss's gradient to the last end-of-backward callback, optimizer is the rest of the
+             step (clip, step, zero_grad)
+  alone      the last measured step's collectives again, one at a time (replay.py)
+  memory     a fresh build, two warm-up steps and one step under the allocator's instrument
+             (allocator.py) and MemoryLedger (memory.py), never timed
 
-The step is the trainer's: forward (the task's loss), backward, clip, optimizer step,
-zero_grad(set_to_none=True); the batch is fetched outside the phases.
+Times are perf_counter() seconds since t0, this rank's clock when every rank left one barrier.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Callable, ContextManager
+import time
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from minidist import Topology, comm
+from minidist.compare import replay
+from minidist.compare.allocator import AllocatorPeak
 from minidist.compare.memory import MemoryLedger, roles_of
-from minidist.compare.recorder import StepRecorder
-from minidist.mesh import dp_rank, dp_size
+from minidist.mesh import data_parallel_mesh, dp_rank, dp_size
 from minidist.train.data import BatchStream
-from minidist.train.parallelize import build_mesh, build_optimizer, clip_grad_norm_, parallelize
+from minidist.train.parallelize import build_mesh, build_optimizer, optimizer_class, parallelize
+from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task
+from minidist.train.trainer import Run, train_step
 
-PhaseFn = Callable[[str], ContextManager]
+
+class Phased:
+    """The task, noting the edges of each step's phases (the trainer's step itself is unchanged)."""
+
+    def __init__(self, task):
+        self.task = task
+        self.edges: list[list[float]] = []
+        """Per step: [forward start, forward end, backward start, backward end]."""
+
+    def __getattr__(self, name: str):
+        return getattr(self.task, name)
+
+    def loss(self, model, batch) -> torch.Tensor:
+        start = time.perf_counter()
+        loss = self.task.loss(model, batch)
+        edges = [start, time.perf_counter(), None, None]
+        self.edges.append(edges)
+        if loss.requires_grad:
+            loss.register_hook(lambda grad: self._backward_started(edges, grad))
+        return loss
+
+    @staticmethod
+    def _backward_started(edges: list, grad):
+        edges[2] = time.perf_counter()
+        queue = torch.autograd.Variable._execution_engine.queue_callback
+
+        def last():  # queued by a callback: runs after every callback queued in this backward (DDP's, FSDP's)
+            edges[3] = time.perf_counter()
+        queue(lambda: queue(last))
+        return grad
 
 
 class Bench:
-    """One strategy set up on this rank: mesh, wrapped model, optimizer, data stream."""
+    """A model set up on this rank as the trainer sets it up, and the trainer's Run around it."""
 
-    def __init__(self, cfg, strategy_cfg, topo: Topology, train_ds):
-        self.cfg, self.topo = cfg, topo
-        self.mesh = build_mesh(strategy_cfg, topo)
+    def __init__(self, cfg, strategy_cfg, topo: Topology, train_ds, plain: bool = False):
+        self.topo = topo
+        self.cfg = OmegaConf.merge(cfg, {"trainer": {"log_interval": 2**31 - 1}})  # the trainer traces nothing itself
+        self.mesh = data_parallel_mesh(topo) if plain else build_mesh(strategy_cfg, topo)
         torch.manual_seed(cfg.trainer.seed)
-        self.task = make_task(cfg.model)
-        model, self.blocks = self.task.build()
-        self.model = parallelize(model.to(topo.device), self.mesh, strategy_cfg, self.blocks)
-        self.optimizer = build_optimizer(self.model, self.mesh, strategy_cfg, cfg.optim)
-        self.stream = BatchStream(train_ds, cfg.trainer.batch_size, dp_rank(self.mesh), dp_size(self.mesh),
-                                  cfg.trainer.seed)
-        self.bf16 = cfg.trainer.precision.value == "bf16"
+        task = make_task(cfg.model)
+        model, self.blocks = task.build()
+        model = model.to(topo.device)
+        if plain:
+            cls, kwargs = optimizer_class(cfg.optim)
+            self.model, self.optimizer = model, cls(model.parameters(), **kwargs)
+        else:
+            self.model = parallelize(model, self.mesh, strategy_cfg, self.blocks)
+            self.optimizer = build_optimizer(self.model, self.mesh, strategy_cfg, cfg.optim)
+        self.task = Phased(task)
+        stream = BatchStream(train_ds, cfg.trainer.batch_size, dp_rank(self.mesh), dp_size(self.mesh), cfg.trainer.seed)
+        self.run = Run(self.cfg, topo, self.mesh, None, None, self.task, self.model, self.optimizer, stream, None, None,
+                       None, {}, PreemptionWatch([], topo.device))
+        self.steps = 0
 
-    def batch(self) -> list[torch.Tensor]:
-        return [b.to(self.topo.device, non_blocking=True) for b in next(self.stream)]
-
-    def step(self, batch: list[torch.Tensor], phase: PhaseFn) -> None:
-        """One optimizer step in three phases, as minidist.train.trainer.train_step (grad_accum 1)."""
-        clip = self.cfg.trainer.grad_clip
-        with phase("forward"), torch.autocast(self.topo.device.type, torch.bfloat16, enabled=self.bf16):
-            loss = self.task.loss(self.model, batch)
-        with phase("backward"):
-            loss.backward()
-        with phase("optimizer"):
-            if clip > 0:
-                clip_grad_norm_(self.model, clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+    def step(self) -> tuple[float, float]:
+        """One trainer step; (start, end) perf_counter()."""
+        start = time.perf_counter()
+        train_step(self.run, self.steps)
+        self.steps += 1
+        return start, time.perf_counter()
 
     def bucket_numels(self) -> list[int]:
+        """DDP's buckets as the reducer built them (sizes only: nothing is allocated)."""
         reducer = getattr(self.model, "reducer", None)
-        return [b.flat.numel() for b in reducer.buckets] if reducer is not None else []
+        return [sum(b.numels) for b in reducer.buckets] if reducer is not None else []
 
 
-def no_phase(_name: str) -> ContextManager:
-    return contextlib.nullcontext()
+def _phases(task: Phased, steps: list[tuple[float, float]], t0: float) -> list[list]:
+    """[phase, step, start, end] rows (seconds since t0) of the last len(steps) steps."""
+    out = []
+    for i, ((start, end), e) in enumerate(zip(steps, task.edges[-len(steps):])):
+        bwd_start, bwd_end = e[2] or e[1], e[3] or e[2] or e[1]
+        for name, a, b in (("forward", e[0], e[1]), ("backward", bwd_start, bwd_end), ("optimizer", bwd_end, end)):
+            out.append([name, i, a - t0, b - t0])
+    return out
 
 
-def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, rec: StepRecorder) -> dict:
-    """Warm up, measure, then measure memory; returns this rank's raw results (plain JSON)."""
+def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float) -> dict:
+    """Warm up, measure (alternating with the plain model), replay, memory; this rank's raw results (plain JSON)."""
     name = strategy_cfg.name
-    bench = Bench(cfg, strategy_cfg, topo, train_ds)
+    bench, plain = Bench(cfg, strategy_cfg, topo, train_ds), Bench(cfg, None, topo, train_ds, plain=True)
     for _ in range(cfg.warmup_steps):
-        bench.step(bench.batch(), no_phase)
-    rec.strategy = name
-    batches = [bench.batch() for _ in range(cfg.steps)]
-    dist.barrier()
-    with comm.trace() as tr, rec.recording_waits():
-        for i, batch in enumerate(batches):
-            bench.step(batch, lambda phase, i=i: rec.phase(phase, i))
-    records = rec.records(tr, topo.backend)
-    memory = measure_memory(bench) if cfg.memory else None
+        bench.step(), plain.step()
+    gloo = topo.backend == "gloo"
+    steps, baseline = [], []
+    with (comm.kernel_io.written() if gloo else contextlib.nullcontext()) as written, comm.trace() as tr:
+        for i in range(cfg.steps):  # alternating, each first in turn: load drifts hit both alike
+            for b in ((bench, plain) if i % 2 == 0 else (plain, bench)):
+                dist.barrier()  # torch's own: not traced; the kernel's count is corrected below
+                (steps if b is bench else baseline).append(b.step())
+    last = [r for r in tr.records if r.issued_s >= steps[-1][0]]
+    alone = replay.replay(last, tr.groups, topo.device, cfg.replay_repeats)
     raw = {"strategy": name, "rank": topo.rank, "world": topo.world_size, "backend": topo.backend,
            "device": topo.device.type,
            "mesh": {"dims": list(bench.mesh.mesh_dim_names or ()), "shape": list(bench.mesh.mesh.shape)},
-           "records": records, "phases": [p for p in rec.phases if p[0] == name],
-           "waits": [w for w in rec.waits if w[0] == name], "memory": memory,
-           "bucket_numels": bench.bucket_numels()}
-    del bench
+           "records": _records(tr, t0, name), "waits": [[a - t0, b - t0] for a, b, _ in tr.waits],
+           "main_waits": [[a - t0, b - t0] for a, b, t in tr.waits if t == _MAIN],
+           "steps": [[a - t0, b - t0] for a, b in steps], "phases": _phases(bench.task, steps, t0),
+           "baseline": {"steps": [[a - t0, b - t0] for a, b in baseline], "phases": _phases(plain.task, baseline, t0)},
+           "kernel_bytes": written.bytes - cfg.steps * written.barrier_pair if gloo else None,
+           "alone": alone, "bucket_numels": bench.bucket_numels()}
+    del bench, plain, tr
+    raw["memory"] = measure_memory(cfg, strategy_cfg, topo, train_ds) if cfg.memory else None
     gc.collect()
     return raw
 
 
-def measure_memory(bench: Bench) -> dict:
-    """Peak live tensor bytes of one step, by role (see minidist.compare.memory)."""
-    batch = bench.batch()
-    ledger = MemoryLedger(roles_of(bench.model, bench.optimizer))
+_MAIN = __import__("threading").main_thread().ident
 
-    @contextlib.contextmanager
-    def phase(name: str):
-        ledger.phase = name
-        yield
 
-    with ledger:
-        bench.step(batch, phase)
-    return {"total": ledger.peak.total, "by_role": ledger.peak.by_role, "where": ledger.peak.where}
+def _records(tr: comm.Trace, t0: float, strategy: str) -> list[dict]:
+    """The trace's records as plain dicts, times in seconds since t0."""
+    out = []
+    for r in tr.records:
+        futureless = r.async_op and r.op == "reduce_scatter" and r.algorithm == "native" and r.wire_op == "all_reduce"
+        out.append({"strategy": strategy, "op": r.op, "group": r.group, "group_size": r.group_size, "dtype": r.dtype,
+                    "payload_bytes": r.payload_bytes, "sent_bytes": r.sent_bytes, "algorithm": r.algorithm,
+                    "wire_op": r.wire_op or r.op, "wire_bytes": r.wire_bytes, "async_op": r.async_op,
+                    "issued": r.issued_s - t0, "launched": (r.launched_s or r.issued_s) - t0,
+                    "completed": None if r.completed_s is None else r.completed_s - t0, "waited": r.waited_s,
+                    "completion": "wait" if futureless else "future" if r.async_op else "sync"})
+    return out
+
+
+def measure_memory(cfg, strategy_cfg, topo: Topology, train_ds) -> dict:
+    """Peak of one step: the allocator's (counted from before the model is built) and the ledger's, by role."""
+    gc.collect()  # nothing allocated before the profiler may die inside it (allocator.py)
+    with AllocatorPeak(topo.device) as peak:
+        bench = Bench(cfg, strategy_cfg, topo, train_ds)
+        for _ in range(2):
+            bench.step()
+        ledger = MemoryLedger(roles_of(bench.model, bench.optimizer))
+        with peak.window(), ledger:
+            start, end = bench.step()
+        snap, edges = ledger.peak, bench.task.edges[-1]
+        del bench, ledger
+        gc.collect()
+    phase = ("forward" if snap.time < edges[1] else "backward" if snap.time < (edges[3] or end) else "optimizer")
+    return {"allocator": peak.bytes, "allocator_at_start": peak.at_start, "instrument": peak.instrument,
+            "ledger": snap.total, "by_role": snap.by_role, "where": phase}

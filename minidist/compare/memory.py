@@ -5,9 +5,9 @@
         step()
     ledger.peak.total, ledger.peak.by_role        # bytes at the step's peak, and what they were
 
-Why not the allocator: torch's CPU allocator keeps no statistics, and on a GPU the caching
-allocator's peak includes fragmentation and cached blocks that no tensor holds. What a
-strategy changes is *which tensors exist*, so that is what is counted:
+The allocator's own count (minidist.compare.allocator: torch's profiler on the CPU, the CUDA
+allocator's statistics) is the instrument the totals are checked against; the ledger says what
+the bytes *are*. What a strategy changes is which tensors exist, so that is what is counted:
 
   * every storage an operator creates is seen by a TorchDispatchMode (forward, backward and
     optimizer run on this thread), and its bytes are added while it lives (a weak reference
@@ -15,8 +15,9 @@ strategy changes is *which tensors exist*, so that is what is counted:
     so the buffers they are handed are seen, and tagged "communication buffer";
   * UntypedStorage.resize_ is not an operator: it is wrapped while the ledger is active,
     because FSDP allocates and frees its unsharded parameters exactly so;
-  * storages that exist before the step (parameters, optimizer state, DDP's buckets) are
-    registered up front;
+  * storages that exist before the step (parameters, optimizer state, engine buffers, tensors
+    comm's flight recorder still holds) are registered up front, read from the engines' own
+    live() (minidist.footprint) without allocating anything;
   * tensors autograd saves for backward are seen by saved_tensors_hooks: those are the
     activations.
 
@@ -41,6 +42,7 @@ untimed step.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -49,8 +51,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-ROLES = ("parameters", "gradients", "optimizer", "buffers", "activations", "other")
-"""The columns of a memory breakdown, in the order reports print them."""
+from minidist.footprint import ROLES  # noqa: E402 - the columns of a breakdown
 
 RoleSource = Callable[[], dict[str, Iterable[torch.Tensor]]]
 """Returns, when called, the tensors that currently play each role (see roles_of)."""
@@ -68,7 +69,9 @@ class Snapshot:
     total: int = 0
     by_role: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     where: str = ""
-    """The phase the ledger was in (forward, backward, optimizer)."""
+    """The phase the ledger was in (forward, backward, optimizer), if the caller set it."""
+    time: float = 0.0
+    """perf_counter() when it was taken."""
 
 
 class MemoryLedger(TorchDispatchMode):
@@ -135,7 +138,7 @@ class MemoryLedger(TorchDispatchMode):
             owners.setdefault(key, "buffers")
         for key in self._saved:
             owners.setdefault(key, "activations")
-        snap = Snapshot(where=self.phase)
+        snap = Snapshot(where=self.phase, time=time.perf_counter())
         with self._lock:
             for key, (_ref, n) in self._live.items():
                 snap.by_role[owners.get(key, "other")] += n
@@ -208,27 +211,35 @@ class _Saved:
 def roles_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RoleSource:
     """The tensors playing each role *now*, for a model as parallelize() returns it.
 
-    Engine buffers are read from the engines' own objects (minidist's FSDP units and DDP
-    reducer): they are what a strategy adds, and no generic walk of the module finds them.
+    Engine tensors come from the engine's own live() (minidist.footprint): DDP's flat buffers
+    only where they exist, FSDP's unsharded buffers and gradient flats. Reading them allocates
+    nothing (a DDP bucket's `flat` property would). "other" also names what comm's flight
+    recorder keeps alive: the values of finished async collectives it has not yet let go.
     """
+    from minidist.compare import footprints
+    from minidist.ddp import footprint as ddp_footprint
+
     def roles() -> dict[str, list[torch.Tensor]]:
         params = list(model.parameters())
-        grads = [p.grad for p in params]
-        buffers: list[torch.Tensor] = []
-        for unit in getattr(model, "units", ()):
-            flat = unit.flat
-            params.append(flat.local_shard)  # while unsharded, model.parameters() are views of `full`
-            grads += [p.grad for p in flat.sharded_params]
-            if not flat.aliased:
-                buffers.append(flat.full)
-            if unit.reduction is not None:
-                flat_grad, shard_grad = unit.reduction.buffers  # no_shard: no separate input
-                buffers.append(flat_grad)
-                grads.append(shard_grad)
-            grads += [p.grad for p in flat.unsharded_params]
-        reducer = getattr(model, "reducer", None)
-        if reducer is not None:
-            buffers += [b.flat for b in reducer.buckets]
-        state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-        return {"buffers": buffers, "parameters": params, "gradients": grads, "optimizer": state}
+        out = {"parameters": params, "gradients": [p.grad for p in params], "buffers": [], "other": []}
+        live = footprints.fsdp_live(model) if hasattr(model, "units") else ddp_footprint.live(model)
+        for role, tensors in live.items():
+            out[role] = out.get(role, []) + tensors
+        out["optimizer"] = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        out["other"] += _flight_recorder_values()
+        return {"buffers": out["buffers"], "parameters": out["parameters"], "gradients": out["gradients"],
+                "optimizer": out["optimizer"], "other": out["other"]}
     return roles
+
+
+def _flight_recorder_values() -> list[torch.Tensor]:
+    """Tensors held by finished futures comm's flight recorder keeps until this rank's next collective."""
+    from minidist.comm import collective_log
+    out = []
+    for _, future in list(collective_log._PENDING):
+        if future.done():
+            try:
+                out += [t for t in tree_leaves(future.value()) if isinstance(t, torch.Tensor)]
+            except Exception:  # noqa: BLE001 - a failed collective holds no value
+                pass
+    return out

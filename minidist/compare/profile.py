@@ -24,6 +24,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from minidist.compare.memory import MemoryLedger
+from minidist.footprint import ModelLayout
 
 
 @dataclass(frozen=True)
@@ -43,21 +44,32 @@ class Sample:
 class StepProfile:
     """What estimate_memory needs to know about a model and its step, independent of the strategy."""
 
-    unit_numels: list[int]
-    """Parameter elements per FSDP unit, root first (minidist.fsdp's own assignment)."""
-    unit_param_numels: list[list[int]]
-    """Per unit, the elements of each parameter in the unit's flat-buffer order."""
-    param_numels: list[int]
-    """Every parameter once, in model.parameters() order (ZeRO-1's partition, DDP's buckets)."""
-    itemsize: int
-    """Bytes per parameter element."""
+    layout: ModelLayout
+    """The parameters' sizes: per FSDP unit (minidist.fsdp's own assignment, root first) and in model order."""
     segments: list[int] = field(default_factory=list)
     """The unit of each forward segment, in order: root, unit 1, root, unit 2, ..., root."""
     samples: list[Sample] = field(default_factory=list)
 
     @property
     def psi(self) -> int:
-        return sum(self.param_numels)
+        return self.layout.psi
+
+    @property
+    def itemsize(self) -> int:
+        return self.layout.itemsize
+
+    @property
+    def unit_numels(self) -> list[int]:
+        return [sum(u) for u in self.layout.unit_param_numels]
+
+    def root_stage(self, segment: int, backward: bool) -> int:
+        """For a root segment: 0 before the blocks ran in this pass, 1 after (minidist.footprint.At)."""
+        blocks = [i for i, u in enumerate(self.segments) if u != 0]
+        if not blocks:
+            return 0
+        if backward:  # backward runs the forward's segments in reverse
+            return 0 if segment > blocks[-1] else 1
+        return 0 if segment < blocks[0] else 1
 
 
 def _fake_copy(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> nn.Module:
@@ -81,6 +93,16 @@ def _fake_copy(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> 
     return fake
 
 
+def model_layout(model: nn.Module, units) -> ModelLayout:
+    """The sizes of `model`'s parameters, per unit (build_units' assignment) and in model order."""
+    unit_of = {id(info.param): u for u, (_, _, infos) in enumerate(units) for info in infos}
+    params = list(model.parameters())
+    return ModelLayout(unit_param_numels=tuple(tuple(i.param.numel() for i in infos) for _, _, infos in units),
+                       param_numels=tuple(p.numel() for p in params),
+                       param_units=tuple(unit_of.get(id(p), 0) for p in params),
+                       itemsize=params[0].element_size())
+
+
 def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
@@ -94,11 +116,8 @@ def profile_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Calla
     fake = _fake_copy(model, mode, torch.device(device))
     units = build_units(fake, wrap_predicate(wrap))
     unit_params = [[info.param for info in infos] for _, _, infos in units]
-    prof = StepProfile(unit_numels=[sum(p.numel() for p in ps) for ps in unit_params],
-                       unit_param_numels=[[p.numel() for p in ps] for ps in unit_params],
-                       param_numels=[p.numel() for p in fake.parameters()],
-                       itemsize=next(fake.parameters()).element_size())
     params = list(fake.parameters())
+    prof = StepProfile(model_layout(fake, units))
     backward = [False]  # set once the forward is done
     ledger = MemoryLedger(lambda: {"parameters": params, "gradients": [p.grad for p in params]},
                           observer=lambda led: _observe(led, prof, unit_params, backward))

@@ -1,132 +1,209 @@
-"""Communication time per step at 8 to 1024 ranks, ring against tree, per strategy, from alpha and beta.
+"""Communication per step at 8 to 1024 ranks, as NCCL would run it, against the compute that can hide it.
 
-    curves = project(layouts, profiles, strategies, ranks, ranks_per_node, intra="nvlink")
+    rows = project(subjects, clusters, strategies, ranks)
 
-For each strategy the collectives of one step come from minidist.compare.analytic.plan (the
-same call list the table checks against the trace), each priced by the alpha-beta model of
-minidist.comm.cost (CostModel.predict: ring, or tree / recursive halving-doubling) and summed,
-as if nothing overlapped: the communication the step must fit somewhere.
+Every collective of one step comes from minidist.compare.analytic.plan (the call list the table
+checks against the trace), sized in the dtype the engine moves, and is priced on a cluster of
+nodes (Cluster: G ranks per node on an intra-node fabric, NICs per node on the network):
 
-Two tiers of links: a collective whose group fits inside one node (the consecutive ranks it
-spans <= ranks per node) runs at the intra-node profile (NVLink-class by default), any larger one at the profile
-of the curve, since a ring or tree is as slow as its slowest link. That is what hybrid_shard
-buys: its all_gathers and reduce_scatters stay inside a node, only the all_reduce of 1/G of
-the gradients crosses nodes.
+  * a group's ranks sit on n_nodes nodes, m per node (a replica group of hybrid_shard: one
+    per node). Bus bandwidth: the intra-node fabric's inside one node; across nodes the
+    network's share of the NICs, NICs x B_nic x m / G, and no more than the fabric's: NCCL runs
+    one ring per NIC, so an 8-GPU node with 8 x 400 Gb/s gives a cross-node ring ~400 GB/s
+    whatever the number of nodes;
+  * latency, per hop: alpha_intra inside a node, alpha_net for each of the n_nodes - 1 hops
+    of a pass that cross nodes (NCCL's tuning model);
+  * ring (N ranks, S bytes): all_gather, reduce_scatter (N-1) hops + S (N-1)/N / B; broadcast
+    (pipelined) (N-1) hops + S / B; all_reduce 2 (N-1) hops + 2 S (N-1)/N / B;
+  * tree (NCCL's double binary tree across nodes, a chain inside each): all_reduce
+    2 ((m-1) alpha_intra + ceil(log2 n_nodes) alpha_net) + 2 S / B;
+  * per all_reduce the cheaper of ring and tree (as NCCL's tuner picks); all_gather,
+    reduce_scatter and broadcast run as rings.
 
-Overlap condition: with data parallelism weak-scaled (a constant batch per rank), compute
-per step stays constant as ranks grow; communication can hide behind it at best when
-comm <= compute (it needs an exposed head and tail on top, so that is necessary, not
-sufficient). Compute per step is the measured one for the measured model, and
-6 * params * tokens / (achieved FLOP/s) for a model given by its parameter count.
+"calibrated" is this machine: every rank its own node, one link of the alpha and beta measured
+on the spot (gloo over loopback TCP on a few CPU cores), extrapolated; its compute is the
+measured plain step. Other clusters are alpha-beta numbers from their config, not measurements.
+
+Verdict, per strategy: the calls issued in forward can hide behind forward compute, those of
+backward behind backward compute, those after backward (ZeRO-1's parameter exchange, the clip)
+behind nothing (nothing overlaps them with the next forward). exposed >= max(0, comm_fwd - fwd)
++ max(0, comm_bwd - bwd) + comm_after; the strategy "hides" where that bound is within 1% of the
+step's compute (HIDES; a clip's one-scalar all_reduce costs latency only). Necessary, not
+sufficient: the first gather and the last reduction always show. Memory: the per-rank
+estimate (the measured model: minidist.compare.estimate, activations included) or ZeRO's model
+states (a model given by its parameter count: 16 psi / ..., activations not included) against
+each device size.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from minidist.comm import CostModel
-from minidist.compare.analytic import Layout, plan
+from minidist.compare.analytic import Call, Layout, plan
 
-ALGORITHMS = ("ring", "tree")
+HIDES = 0.01
+"""A strategy hides its communication where what compute cannot hide is at most this share of compute."""
 
 
 @dataclass(frozen=True)
-class Profile:
+class Cluster:
     name: str
-    alpha_s: float
-    """Latency per message, seconds."""
-    bandwidth_Bps: float
-    """Bytes per second one rank sends over one link (beta = 1 / bandwidth)."""
-
-    @property
-    def cost(self) -> CostModel:
-        return CostModel(self.alpha_s, 1.0 / self.bandwidth_Bps if self.bandwidth_Bps else 0.0)
+    gpus_per_node: int
+    intra_alpha_s: float
+    intra_Bps: float
+    net_alpha_s: float
+    nic_Bps: float
+    nics_per_node: int
+    label: str = ""
 
 
 @dataclass(frozen=True)
 class Subject:
-    """A model to project: its communication layout and its compute time per step."""
+    """A model to project: its layout, compute per step split forward / backward, memory per rank."""
 
     name: str
-    layout: Layout
-    compute_s: float
+    layouts: dict[str, Layout]
+    """Per strategy: the sizes of its collectives, in the dtypes that engine moves."""
+    forward_s: float
+    backward_s: float
+    memory: Callable[[str, int], float] | None = None
+    """(strategy, ranks) -> bytes per rank; None: not applicable (this machine's CPU)."""
+    clusters: tuple[str, ...] = ()
+    """Names of the clusters it is projected on."""
 
 
-def comm_time(strategy: str, lay: Layout, world: int, algorithm: str, inter: Profile, intra: Profile,
-              ranks_per_node: int) -> float:
-    """Predicted seconds of communication in one step (every collective, back to back)."""
-    shard = min(ranks_per_node, world) if strategy == "hybrid_shard" else None
-    total = 0.0
-    for call in plan(strategy, lay, world, shard):
-        link = intra if call.ranks_spanned <= ranks_per_node else inter
-        total += link.cost.predict(call.op, call.payload, call.group_size, algorithm)
-    return total
+def calibrated(alpha_s: float, beta_s: float) -> Cluster:
+    return Cluster("calibrated", 1, alpha_s, 1 / beta_s if beta_s else math.inf, alpha_s,
+                   1 / beta_s if beta_s else math.inf, 1, "this machine (gloo, CPU): measured alpha, beta")
 
 
-def project(subjects: list[Subject], profiles: list[Profile], strategies: list[str], ranks: list[int],
-            ranks_per_node: int, intra: Profile) -> list[dict]:
-    """One row per (subject, profile, algorithm, strategy, ranks): predicted comm, compute, hideable."""
+def _place(c: Cluster, call: Call) -> tuple[int, int]:
+    """(nodes the group touches, its ranks per node)."""
+    nodes = max(1, -(-call.ranks_spanned // c.gpus_per_node))
+    return nodes, max(1, call.group_size // nodes)
+
+
+def call_time(c: Cluster, call: Call, algorithm: str = "auto") -> float:
+    """Seconds for one collective on cluster `c` (module docstring); auto = NCCL's choice."""
+    k, s = call.group_size, float(call.payload)
+    if k <= 1:
+        return 0.0
+    nodes, m = _place(c, call)
+    bus = c.intra_Bps if nodes == 1 else min(c.intra_Bps if m > 1 else math.inf,
+                                             c.nics_per_node * c.nic_Bps * m / c.gpus_per_node)
+    inter = nodes - 1
+    hops = (k - 1 - inter) * c.intra_alpha_s + inter * c.net_alpha_s
+    if call.op in ("all_gather", "reduce_scatter"):
+        return hops + s * (k - 1) / k / bus
+    if call.op in ("broadcast", "reduce"):
+        return hops + s / bus
+    if call.op != "all_reduce":
+        raise ValueError(f"no projection for {call.op!r}")
+    ring = 2 * hops + 2 * s * (k - 1) / k / bus
+    tree = 2 * ((m - 1) * c.intra_alpha_s + math.ceil(math.log2(nodes)) * c.net_alpha_s) + 2 * s / bus
+    return {"ring": ring, "tree": tree, "auto": min(ring, tree) if nodes > 1 else ring}[algorithm]
+
+
+def step_comm(c: Cluster, calls: list[Call], algorithm: str = "auto") -> dict[str, float]:
+    """Seconds of communication per phase of the step (forward, backward, after), back to back."""
+    out = {"forward": 0.0, "backward": 0.0, "after": 0.0}
+    for call in calls:
+        out[call.phase] += call_time(c, call, algorithm)
+    return out
+
+
+def project(subjects: list[Subject], clusters: list[Cluster], strategies: list[str], ranks: list[int],
+            devices_GB: list[float]) -> list[dict]:
+    """One row per (subject, cluster, strategy, ranks)."""
     rows = []
+    by_name = {c.name: c for c in clusters}
     for subj in subjects:
-        for prof in profiles:
-            inner = prof if prof.name == "calibrated" else intra
-            for algo in ALGORITHMS:
-                for strategy in strategies:
-                    for n in ranks:
-                        t = comm_time(strategy, subj.layout, n, algo, prof, inner, ranks_per_node)
-                        rows.append({"model": subj.name, "profile": prof.name, "algorithm": algo, "strategy": strategy,
-                                     "ranks": n, "comm_s": t, "compute_s": subj.compute_s,
-                                     "hideable": t <= subj.compute_s})
+        for c in (by_name[n] for n in subj.clusters if n in by_name):
+            for strategy in strategies:
+                for n in ranks:
+                    shard = min(c.gpus_per_node, n) if strategy == "hybrid_shard" else None
+                    calls = plan(strategy, subj.layouts[strategy], n, shard)
+                    t = step_comm(c, calls)
+                    ring = sum(step_comm(c, calls, "ring").values())
+                    exposed = (max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s)
+                               + t["after"])
+                    mem = subj.memory(strategy, n) if subj.memory else None
+                    rows.append({"model": subj.name, "cluster": c.name, "strategy": strategy, "ranks": n,
+                                 "comm_s": sum(t.values()), "comm_ring_s": ring, **{f"comm_{k}_s": v for k, v in t.items()},
+                                 "forward_s": subj.forward_s, "backward_s": subj.backward_s, "exposed_min_s": exposed,
+                                 "hides": exposed <= HIDES * (subj.forward_s + subj.backward_s), "leaves_node": any(_place(c, x)[0] > 1 for x in calls),
+                                 "memory_GB": None if mem is None else mem / 1e9,
+                                 **{f"fits_{g:g}GB": None if mem is None else mem / 1e9 <= g for g in devices_GB}})
     return rows
 
 
-def verdicts(rows: list[dict]) -> list[str]:
-    """One line per (model, profile, strategy): the largest rank count at which compute can hide comm (ring)."""
-    lines = []
-    keys = dict.fromkeys((r["model"], r["profile"], r["strategy"]) for r in rows if r["algorithm"] == "ring")
-    for model, prof, strategy in keys:
-        mine = [r for r in rows if (r["model"], r["profile"], r["strategy"], r["algorithm"]) == (model, prof, strategy, "ring")]
-        ok = [r["ranks"] for r in mine if r["hideable"]]
-        last = mine[-1]
-        state = (f"hideable up to {max(ok)} ranks" if ok and max(ok) == last["ranks"] else
-                 f"hideable up to {max(ok)} ranks, not beyond" if ok else "never hideable")
-        lines.append(f"{model:>10} {prof:>11} {strategy:>13}: comm {last['comm_s'] * 1e3:9.3f} ms at {last['ranks']} "
-                     f"ranks vs compute {last['compute_s'] * 1e3:9.3f} ms: {state}")
-    return lines
+def verdicts(rows: list[dict], devices_GB: list[float]) -> list[str]:
+    """A short table per (model, cluster): where each strategy stops hiding, and whether it fits."""
+    out = []
+    for model, cluster in dict.fromkeys((r["model"], r["cluster"]) for r in rows):
+        mine = [r for r in rows if (r["model"], r["cluster"]) == (model, cluster)]
+        top = max(r["ranks"] for r in mine)
+        head = f"  {'strategy':<14}{'hides up to':>12}{'comm ms @' + str(top):>15}{'exposed >= ms':>15}"
+        mem = mine[0]["memory_GB"] is not None
+        if mem:
+            head += f"{'GB/rank @' + str(top):>14}  fits " + "/".join(f"{g:g}" for g in devices_GB) + " GB from"
+        lines = [head]
+        for strategy in dict.fromkeys(r["strategy"] for r in mine):
+            rs = [r for r in mine if r["strategy"] == strategy]
+            ok = [r["ranks"] for r in rs if r["hides"]]
+            last = rs[-1]
+            hides = "never" if not ok else f"{max(ok)}" + ("" if max(ok) == top else "")
+            line = f"  {strategy:<14}{hides:>12}{last['comm_s'] * 1e3:>15.1f}{last['exposed_min_s'] * 1e3:>15.1f}"
+            if mem:
+                fits = ["-" if not any(r[f"fits_{g:g}GB"] for r in rs) else str(min(r["ranks"] for r in rs if r[f"fits_{g:g}GB"]))
+                        for g in devices_GB]
+                line += f"{last['memory_GB']:>14.1f}  {'/'.join(fits)}"
+            lines.append(line)
+        out.append((model, cluster, lines))
+    return [f"{m} on {c}:\n" + "\n".join(lines) for m, c, lines in out]
 
 
-def draw_png(rows: list[dict], path: Path) -> Path:
-    """A panel per (model, profile): comm time vs ranks, a line per strategy, ring solid, tree dashed."""
+def draw_png(rows: list[dict], clusters: list[Cluster], path: Path, devices_GB: list[float]) -> Path:
+    """A panel per (model, cluster): comm per step vs ranks per strategy (NCCL's choice), compute windows."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    profiles = list(dict.fromkeys(r["profile"] for r in rows))
+    panels = list(dict.fromkeys((r["model"], r["cluster"]) for r in rows))
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-    fig, axes = plt.subplots(len(models), len(profiles), figsize=(3.6 * len(profiles), 3.2 * len(models)),
-                             squeeze=False, sharex=True)
+    by_name = {c.name: c for c in clusters}
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4.0 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, model in enumerate(models):
-        for j, prof in enumerate(profiles):
-            ax = axes[i, j]
-            mine = [r for r in rows if r["model"] == model and r["profile"] == prof]
-            for k, strategy in enumerate(strategies):
-                for algo, style in (("ring", "-"), ("tree", "--")):
-                    pts = [(r["ranks"], r["comm_s"] * 1e3) for r in mine if r["strategy"] == strategy and r["algorithm"] == algo]
-                    ax.plot(*zip(*pts), style, color=colors[k % len(colors)],
-                            label=strategy if algo == "ring" else None, linewidth=1.2)
-            ax.axhline(mine[0]["compute_s"] * 1e3, color="black", linewidth=0.8, linestyle=":", label="compute")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title(f"{model} / {prof}", fontsize=8)
-            ax.tick_params(labelsize=7)
-            if j == 0:
-                ax.set_ylabel("comm ms / step", fontsize=8)
-            if i == len(models) - 1:
-                ax.set_xlabel("ranks (ring solid, tree dashed)", fontsize=8)
-    axes[0, 0].legend(fontsize=6)
+    for ax, (model, cname) in zip(axes.flat, panels):
+        mine = [r for r in rows if (r["model"], r["cluster"]) == (model, cname)]
+        for k, strategy in enumerate(strategies):
+            rs = [r for r in mine if r["strategy"] == strategy]
+            ax.plot([r["ranks"] for r in rs], [r["comm_s"] * 1e3 for r in rs], "-o", ms=3, color=colors[k % 10],
+                    label=strategy)
+            bad = [r for r in rs if r["memory_GB"] is not None and not r[f"fits_{devices_GB[0]:g}GB"]]
+            if bad:
+                ax.plot([r["ranks"] for r in bad], [r["comm_s"] * 1e3 for r in bad], "x", ms=8, color=colors[k % 10])
+        ax.axhline(mine[0]["backward_s"] * 1e3, color="black", lw=0.8, ls="--", label="backward compute")
+        ax.axhline((mine[0]["forward_s"] + mine[0]["backward_s"]) * 1e3, color="black", lw=0.8, ls=":",
+                   label="forward + backward")
+        c = by_name[cname]
+        if c.gpus_per_node > 1:
+            ax.axvline(c.gpus_per_node, color="gray", lw=1.0, ls="-.", label=f"leaves the node (> {c.gpus_per_node})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{model} on {cname}", fontsize=9)
+        ax.set_xlabel("ranks", fontsize=8)
+        ax.set_ylabel("communication ms / step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="best", title_fontsize=6,
+                  title=f"x: > {devices_GB[0]:g} GB per rank" if any(r["memory_GB"] for r in mine) else None)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,8 +1,9 @@
-"""The comparison table: one row per strategy, printed and saved as Markdown, CSV and JSON.
+"""The comparison as tables: printed (fits 120 columns), Markdown (table.md), CSV and JSON.
 
-Units: communication in MB (1e6 bytes) per step and GB/s (nccl-tests' convention); memory
-in MiB; times in ms. Column meanings are in minidist.compare.analysis and the legend that
-table_markdown() writes under the table.
+Four tables, a row per strategy: communication (bytes per step and rank), time, memory, and
+bandwidth per collective. The terminal gets the first three; table.md all four, each with its
+legend; table.csv every number flat; results.json the rows as they are. Units: MB = 1e6 bytes
+and GB/s (nccl-tests' convention), MiB for memory, ms. What each number is: analysis.py.
 """
 
 from __future__ import annotations
@@ -12,122 +13,169 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from minidist.compare.memory import ROLES
+from minidist.footprint import ROLES
 
 OP_ABBREV = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC", "barrier": "BR",
              "reduce": "RD", "all_to_all": "A2A", "gather": "GA", "scatter": "SC"}
 MB, MIB = 1e6, 2 ** 20
-ROLE_HEADERS = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "buffers": "buffers",
-                "activations": "activ", "other": "other"}
-
-
-def _calls(row: dict) -> str:
-    return " ".join(f"{OP_ABBREV.get(op, op)}{o['calls']:g}" for op, o in row["ops"].items()) or "-"
-
-
-def _bw(row: dict) -> str:
-    parts = [f"{OP_ABBREV.get(op, op)} {o['algbw_GBps']:.2f}/{o['busbw_GBps']:.2f}"
-             for op, o in row["ops"].items() if o["algbw_GBps"] is not None and o["payload_bytes"] >= 1024]
-    return " ".join(parts) or "-"
-
-
-def _backend_note(row: dict) -> str:
-    if row["backend_bytes"] == row["ring_bytes"]:
-        return "same"
-    if row["backend"] == "gloo" and "reduce_scatter" in row["ops"]:
-        return f"{row['backend_bytes'] / MB:.2f} (gloo's native RS = AR)"
-    return f"{row['backend_bytes'] / MB:.2f}"
-
-
-def _mem(row: dict, which: str, role: str | None = None) -> str:
-    m = row["memory"].get(which)
-    if not m:
-        return "-"
-    return f"{(m['by_role'][role] if role else m['total']) / MIB:.2f}"
+Column = tuple[str, Callable[[dict, float], str]]
 
 
 def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:+.1f}%" if x < 0 or x > 0 else "0.0%"
+    return "-" if x is None else f"{100 * x:+.1f}%"
 
 
-COLUMNS: list[tuple[str, Callable[[dict, float], str]]] = [
+def _mb(x) -> str:
+    return "not measured" if x is None else f"{x / MB:.3f}"
+
+
+def _ms(s: dict) -> str:
+    """median [p25-p75] of a spread, in ms."""
+    return f"{s['median'] * 1e3:.1f} [{s['p25'] * 1e3:.0f}-{s['p75'] * 1e3:.0f}]"
+
+
+def _calls(r: dict) -> str:
+    return " ".join(f"{OP_ABBREV.get(op, op)}{n:g}" for op, n in sorted(r["calls"].items())) or "-"
+
+
+def _mem(r: dict, key: str, role: str | None = None) -> str:
+    m = r["memory"]
+    if not m:
+        return "-"
+    if key == "estimate":
+        m = m.get("estimate") or {}
+        return f"{(m['by_role'][role] if role else m['total']) / MIB:.2f}" if m else "-"
+    return f"{(m['by_role'][role] if role else m[key]) / MIB:.2f}"
+
+
+def _bw(r: dict, which: str) -> str:
+    ops = r["alone"]["ops"]
+    return " ".join(f"{OP_ABBREV.get(op, op)} {o[which]:.2f}" for op, o in sorted(ops.items())
+                    if o[which] is not None and o["payload"] >= 1024) or "-"
+
+
+COMMUNICATION: list[Column] = [
     ("strategy", lambda r, d: r["strategy"]),
     ("calls/step", lambda r, d: _calls(r)),
-    ("payload MB", lambda r, d: f"{r['payload_bytes'] / MB:.2f}"),
-    ("ring MB/rank", lambda r, d: f"{r['ring_bytes'] / MB:.3f}"),
-    ("analytic", lambda r, d: f"{r['ring_bytes_analytic'] / MB:.3f}"),
-    ("formula", lambda r, d: r["closed_form"]),
-    ("x DDP", lambda r, d: f"{r['ring_bytes'] / d:.2f}" if d else "-"),
-    ("backend MB/rank", lambda r, d: _backend_note(r)),
-    ("algbw/busbw GB/s", lambda r, d: _bw(r)),
-    ("comm ms", lambda r, d: f"{r['comm_wire_s'] * 1e3:.1f}"),
-    ("a-b ms", lambda r, d: f"{r['comm_predicted_s'] * 1e3:.1f}"),
-    ("step ms", lambda r, d: f"{r['time']['step_s'] * 1e3:.1f}"),
-    ("compute ms", lambda r, d: f"{r['time']['compute_s'] * 1e3:.1f}"),
-    ("exposed ms", lambda r, d: f"{r['time']['exposed_s'] * 1e3:.1f}"),
-    ("hidden", lambda r, d: "-" if r["time"]["hidden_share"] is None else f"{100 * r['time']['hidden_share']:.0f}%"),
-] + [(ROLE_HEADERS[role], lambda r, d, role=role: _mem(r, "measured", role)) for role in ROLES] + [
-    ("peak MiB", lambda r, d: _mem(r, "measured")),
-    ("predicted", lambda r, d: _mem(r, "predicted")),
-    ("error", lambda r, d: _pct(r["memory"].get("error"))),
+    ("trace MB", lambda r, d: _mb(r["bytes"]["trace"])),
+    ("wire MB", lambda r, d: _mb(r["bytes"]["wire"])),
+    ("kernel MB", lambda r, d: _mb(r["bytes"]["kernel"])),
+    ("kernel/wire", lambda r, d: _pct(r["bytes"]["kernel_error"])),
+    ("formula MB", lambda r, d: _mb(r["bytes"]["formula"])),
+    ("closed form", lambda r, d: r["closed_form"]),
+    ("x DDP", lambda r, d: f"{r['bytes']['trace'] / d:.2f}" if d else "-"),
 ]
+TIME: list[Column] = [
+    ("strategy", lambda r, d: r["strategy"]),
+    ("step ms", lambda r, d: _ms(r["time"]["step"])),
+    ("plain ms", lambda r, d: f"{r['time']['baseline']['median'] * 1e3:.1f}"),
+    ("overhead", lambda r, d: f"{r['time']['overhead'] * 1e3:.1f}"),
+    ("alone ms", lambda r, d: f"{r['time']['alone'] * 1e3:.1f}"),
+    ("hidden", lambda r, d: _pct(r["time"]["hidden"]).lstrip("+")),
+    ("a-b ms", lambda r, d: f"{r['time']['predicted'] * 1e3:.1f}"),
+    ("a-b error", lambda r, d: _pct(r["time"]["predicted_error"])),
+    ("blocked ms", lambda r, d: f"{r['time']['blocked'] * 1e3:.1f}"),
+]
+MEMORY: list[Column] = [
+    ("strategy", lambda r, d: r["strategy"]),
+    ("peak MiB", lambda r, d: _mem(r, "allocator")),
+    ("estimate", lambda r, d: _mem(r, "estimate")),
+    ("error", lambda r, d: _pct(r["memory"].get("error")) if r["memory"] else "-"),
+    ("ledger", lambda r, d: _mem(r, "ledger")),
+] + [(role[:6], lambda r, d, role=role: _mem(r, "by_role", role)) for role in ROLES] + [
+    ("at", lambda r, d: r["memory"].get("where", "-") if r["memory"] else "-"),
+]
+BANDWIDTH: list[Column] = [
+    ("strategy", lambda r, d: r["strategy"]),
+    ("algbw GB/s", lambda r, d: _bw(r, "algbw_GBps")),
+    ("busbw GB/s", lambda r, d: _bw(r, "busbw_GBps")),
+    ("repeats", lambda r, d: str(r["alone"]["repeats"])),
+]
+TABLES = {"communication per step and rank (mean over ranks)": COMMUNICATION,
+          "time per step (median [interquartile range] of the measured steps)": TIME,
+          "peak memory per rank (the rank with the largest)": MEMORY,
+          "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH}
+LEGENDS = {
+    "communication per step and rank (mean over ranks)":
+        "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast. trace: the bytes minidist.comm.trace "
+        "counts (ring model; a broadcast is sent by N-1 of N ranks, S(N-1)/N on average); wire: for the collective "
+        "the backend really runs (gloo's own reduce_scatter is an all_reduce); kernel: what the kernel counted this "
+        "process writing (/proc/self/io, gloo only: NCCL's bytes are not measured); kernel/wire: their difference "
+        "(gloo's message headers); formula: the textbook formulas applied call by call to the model (padding "
+        "included); closed form: S parameter bytes, G shard group, R replicas; x DDP: trace bytes over DDP's.",
+    "time per step (median [interquartile range] of the measured steps)":
+        "step: the trainer's step, the slowest rank; plain: the same step of the plain model (no wrapper, no "
+        "communication); overhead: step - plain; alone: the step's collectives run alone, one at a time; hidden: "
+        "1 - overhead / alone (minidist.comm.trace.hidden_share; below 0 when the engine's own work costs more "
+        "than the communication it hides); a-b: the alpha-beta ring prediction with the calibrated alpha and beta, "
+        "its error against alone; blocked: main-thread time inside collective calls and waits.",
+    "peak memory per rank (the rank with the largest)":
+        "peak: the allocator's peak in one step (the instrument is named in the header); estimate: "
+        "minidist.compare.estimate, nothing run; error: estimate / peak - 1; ledger: live tensor bytes the "
+        "ledger (minidist.compare.memory) saw at its own peak, split by role (MiB); at: the phase of that peak.",
+    "bandwidth of each collective alone (nccl-tests' algbw and busbw)":
+        "algbw = payload / time, busbw = algbw x 2(n-1)/n (AR), (n-1)/n (AG, RS), 1 (BC), each call timed alone "
+        "after a barrier, the median of the repeats, the mean over ranks; per op, summed payload over summed time.",
+}
 
-LEGEND = """\
-Per optimizer step. calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast. payload: S summed over
-calls (full logical tensors). ring MB/rank: bytes one rank sends under the ring model, counted by the trace
-(rank 0); analytic: the formula applied call by call to the model's layout (padding included); formula: its
-closed form (S = parameter bytes, padded per unit for FSDP; G shard group, R replicas). x DDP: ring bytes over
-DDP's. backend: what the backend really moves where it differs. algbw = payload / wire time, busbw = algbw x
-2(n-1)/n (AR), (n-1)/n (AG, RS), 1 (BC): nccl-tests' definitions; wire time excludes time queued behind an earlier
-collective of the same group. comm ms: summed wire time; a-b ms: alpha-beta (ring) prediction with the
-calibrated alpha and beta, for the op the backend runs. step = compute + exposed (time blocked waiting on
-communication); hidden: share of the time communicating that the main thread spent computing (HTA's overlap).
-Memory: per-rank peak of live tensor bytes (the rank with the largest), split by role at that instant (MiB);
-predicted: minidist.compare.estimate; error: predicted / measured - 1.
-"""
+
+def _cells(rows: list[dict], cols: list[Column], ddp: float) -> tuple[list[str], list[list[str]]]:
+    return [h for h, _ in cols], [[fn(r, ddp) for _, fn in cols] for r in rows]
 
 
-def rows_as_cells(rows: list[dict], ddp_bytes: float) -> list[list[str]]:
-    return [[fn(row, ddp_bytes) for _, fn in COLUMNS] for row in rows]
-
-
-def table_text(rows: list[dict], ddp_bytes: float) -> str:
-    """The table as aligned text (what the recipe prints)."""
-    head = [h for h, _ in COLUMNS]
-    cells = rows_as_cells(rows, ddp_bytes)
+def table_text(rows: list[dict], ddp: float, cols: list[Column]) -> str:
+    """One table as aligned text."""
+    head, cells = _cells(rows, cols, ddp)
     widths = [max(len(x) for x in col) for col in zip(head, *cells)]
-    fmt = lambda xs: "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(xs, widths)))  # noqa: E731
+    fmt = lambda xs: " ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(xs, widths)))  # noqa: E731
     return "\n".join([fmt(head), "-" * len(fmt(head))] + [fmt(c) for c in cells])
 
 
-def table_markdown(rows: list[dict], ddp_bytes: float, header: str) -> str:
-    head = [h for h, _ in COLUMNS]
-    lines = [header, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(c) + " |" for c in rows_as_cells(rows, ddp_bytes)]
-    return "\n".join(lines + ["", LEGEND])
+def notes(rows: list[dict]) -> list[str]:
+    return [f"{r['strategy']}: {r['note']}" for r in rows if r.get("note")]
+
+
+def terminal(rows: list[dict], ddp: float) -> str:
+    """What the recipe prints: the first three tables (each within 120 columns) and the notes."""
+    parts = [f"{title}:\n{table_text(rows, ddp, cols)}" for title, cols in list(TABLES.items())[:3]]
+    return "\n\n".join(parts + ["\n".join(notes(rows))] if notes(rows) else parts)
+
+
+def table_markdown(rows: list[dict], ddp: float, header: str) -> str:
+    out = [header]
+    for title, cols in TABLES.items():
+        head, cells = _cells(rows, cols, ddp)
+        out += ["", f"**{title[0].upper() + title[1:]}**", "", "| " + " | ".join(head) + " |",
+                "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+        out += ["| " + " | ".join(c) + " |" for c in cells]
+        out += ["", LEGENDS[title]]
+    return "\n".join(out + [""] + [f"- {n}" for n in notes(rows)])
 
 
 def flat_row(row: dict) -> dict:
     """Every number of a row as one flat dict (the CSV line)."""
-    out = {k: row[k] for k in ("strategy", "world", "backend", "payload_bytes", "ring_bytes", "ring_bytes_analytic",
-                               "closed_form", "backend_bytes", "comm_wire_s", "comm_predicted_s")}
-    out |= {f"time_{k}": v for k, v in row["time"].items()}
-    for op, o in row["ops"].items():
-        out |= {f"{op}_{k}": v for k, v in o.items()}
-    for which in ("measured", "predicted"):
-        m = row["memory"].get(which)
-        if m:
-            out[f"mem_{which}_total"] = m["total"]
-            out[f"mem_{which}_where"] = m["where"]
-            out |= {f"mem_{which}_{role}": v for role, v in m["by_role"].items()}
-    out["mem_error"] = row["memory"].get("error")
+    out = {k: row[k] for k in ("strategy", "world", "backend", "closed_form", "note")}
+    out |= {f"calls_{op}": n for op, n in row["calls"].items()}
+    out |= {f"bytes_{k}": v for k, v in row["bytes"].items() if k != "kernel_per_rank"}
+    for key in ("step", "baseline"):
+        out |= {f"time_{key}_{k}": v for k, v in row["time"][key].items()}
+    out |= {f"time_{k}": v for k, v in row["time"].items() if not isinstance(v, dict)}
+    for op, o in row["alone"]["ops"].items():
+        out |= {f"alone_{op}_{k}": v for k, v in o.items()}
+    m = row["memory"]
+    if m:
+        out |= {f"mem_{k}": m[k] for k in ("allocator", "ledger", "where", "error", "ledger_error") if k in m}
+        out |= {f"mem_ledger_{role}": v for role, v in m["by_role"].items()}
+        if "estimate" in m:
+            out["mem_estimate"] = m["estimate"]["total"]
+            out |= {f"mem_estimate_{role}": v for role, v in m["estimate"]["by_role"].items()}
     return out
 
 
-def write_tables(run_dir: Path, rows: list[dict], ddp_bytes: float, header: str, extra: dict) -> list[Path]:
+def write_tables(run_dir: Path, rows: list[dict], ddp: float, header: str, extra: dict) -> list[Path]:
     """table.md, table.csv and results.json in run_dir."""
     md = run_dir / "table.md"
-    md.write_text(table_markdown(rows, ddp_bytes, header) + "\n")
+    md.write_text(table_markdown(rows, ddp, header) + "\n")
     flat = [flat_row(r) for r in rows]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     path_csv = run_dir / "table.csv"

@@ -1,7 +1,7 @@
 """The comparison end to end: measure every strategy on every rank, then report on the main process.
 
     result = compare(cfg, topo)      # every rank; the main process returns the rows, others None
-    text = estimate_table(cfg)       # no process group: predicted peak memory only
+    text = estimate_table(cfg)       # no process group: predicted memory only
 
 Files in the run directory (<out_dir>/<name>, default compare-<timestamp>): table.md, table.csv,
 results.json (rows, calibration, projection), comparison.png, timeline.json (Chrome trace) and
@@ -19,14 +19,12 @@ import torch
 import torch.distributed as dist
 
 from minidist import Topology, comm
-from minidist.compare import plots, projection, timeline
-from minidist.compare.analysis import strategy_row
+from minidist.compare import plots, projection, report as rep, timeline
+from minidist.compare.analysis import settings_of, strategy_row
 from minidist.compare.analytic import Layout, plan, ring_bytes
-from minidist.compare.estimate import OPTIMIZER_STATE_TENSORS, estimate_memory, model_state_bytes
+from minidist.compare.estimate import estimate_memory, model_state_bytes
 from minidist.compare.measure import measure_strategy
 from minidist.compare.profile import StepProfile, profile_step
-from minidist.compare.recorder import StepRecorder
-from minidist.compare.report import table_text, write_tables
 from minidist.mesh import data_parallel_mesh, is_main
 from minidist.train.data import build_datasets
 from minidist.train.run_dir import run_dir_for
@@ -49,21 +47,14 @@ def compare(cfg, topo: Topology) -> dict | None:
     train_ds, _, _ = build_datasets(cfg, topo)
     cost = comm.calibrate()
     dist.barrier()
-    rec = StepRecorder(time.perf_counter())
+    t0 = time.perf_counter()
     per_strategy = []
     for name in cfg.strategies:
-        per_strategy.append(_gather(measure_strategy(cfg, cfg.strategy_options[name], topo, train_ds, rec), topo))
+        per_strategy.append(_gather(measure_strategy(cfg, cfg.strategy_options[name], topo, train_ds, t0), topo))
     if not is_main(mesh):
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
     return report(cfg, run_dir, per_strategy, cost)
-
-
-def _meta_model(cfg):
-    task = make_task(cfg.model)
-    with torch.device("meta"):
-        model, blocks = task.build()
-    return task, model, blocks
 
 
 def meta_batch(cfg) -> list[torch.Tensor]:
@@ -77,7 +68,9 @@ def meta_batch(cfg) -> list[torch.Tensor]:
 
 def _profile(cfg, device: str = "cpu", dtype: torch.dtype | None = None) -> tuple[StepProfile, Layout]:
     """The plain model's step on fake tensors (for the memory estimate), and its communication layout."""
-    task, model, blocks = _meta_model(cfg)
+    task = make_task(cfg.model)
+    with torch.device("meta"):
+        model, blocks = task.build()
     if dtype is not None:
         model = model.to(dtype)
     prof = profile_step(model, meta_batch(cfg), task.loss, blocks, device)
@@ -85,56 +78,85 @@ def _profile(cfg, device: str = "cpu", dtype: torch.dtype | None = None) -> tupl
 
 
 def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostModel) -> dict:
-    """Rows, table, chart, timeline and projection from every rank's raw results (main process)."""
+    """Rows, tables, charts, timeline and projection from every rank's raw results (main process)."""
     r0 = per_strategy[0][0]
     prof, layout = _profile(cfg, r0["device"])
     rows = [strategy_row(raws, layout, cost, prof if cfg.memory else None, cfg, cfg.strategy_options[raws[0]["strategy"]])
             for raws in per_strategy]
     ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
-    ddp_bytes = ddp["ring_bytes"] if ddp else ring_bytes(plan("ddp", layout, r0["world"]))
+    ddp_bytes = ddp["bytes"]["trace"] if ddp else ring_bytes(plan("ddp", layout, r0["world"]))
+    instrument = next((r["memory"]["instrument"] for r in rows if r["memory"]), "-")
     header = (f"# minidist strategy comparison\n\n{cfg.model.name} ({layout.psi / 1e6:.2f}M parameters), world "
-              f"{r0['world']}, {r0['backend']}, batch {cfg.trainer.batch_size} per rank, {cfg.steps} measured steps "
-              f"after {cfg.warmup_steps} warm-up; calibrated alpha {cost.alpha * 1e6:.1f} us, beta "
-              f"{cost.beta * 1e9:.3f} ns/B ({1 / cost.beta / 1e9 if cost.beta else float('inf'):.2f} GB/s)")
-    text = table_text(rows, ddp_bytes)
+              f"{r0['world']}, {r0['backend']} on {r0['device']}, batch {cfg.trainer.batch_size} per rank, {cfg.steps} "
+              f"measured steps after {cfg.warmup_steps} warm-up; calibrated alpha {cost.alpha * 1e6:.1f} us, beta "
+              f"{cost.beta * 1e9:.3f} ns/B ({1 / cost.beta / 1e9 if cost.beta else float('inf'):.2f} GB/s); memory "
+              f"peak: {instrument}")
     raws = [raw for raws in per_strategy for raw in raws]
     (run_dir / "timeline.json").write_text(json.dumps(timeline.chrome_trace(raws)))
-    proj_rows, verdicts = _projection(cfg, rows, layout, cost, run_dir)
-    files = write_tables(run_dir, rows, ddp_bytes, header, {
+    proj_rows, clusters = _projection(cfg, rows, per_strategy, prof, layout, cost)
+    devices = list(cfg.projection.devices_GB)
+    with open(run_dir / "projection.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(proj_rows[0]))
+        w.writeheader()
+        w.writerows(proj_rows)
+    files = rep.write_tables(run_dir, rows, ddp_bytes, header, {
         "calibration": {"alpha_s": cost.alpha, "beta_s_per_byte": cost.beta}, "projection": proj_rows,
         "psi": layout.psi})
     files += [plots.draw_comparison(rows, run_dir / "comparison.png", header.splitlines()[-1]),
               run_dir / "timeline.json", timeline.draw_png(raws, run_dir / "timeline.png"),
-              run_dir / "projection.csv", projection.draw_png(proj_rows, run_dir / "projection.png")]
-    print(header.replace("# ", "") + "\n\n" + text + "\n\nprojection (ring; comm per step vs compute per step):\n"
-          + "\n".join(verdicts) + "\n\noutputs in " + str(run_dir) + ": " + ", ".join(f.name for f in files), flush=True)
+              run_dir / "projection.csv", projection.draw_png(proj_rows, clusters, run_dir / "projection.png", devices)]
+    print(header.replace("# ", "") + "\n\n" + rep.terminal(rows, ddp_bytes) + "\n\nprojection (NCCL's ring or tree per "
+          "call; exposed >= what compute cannot hide: forward calls behind forward, backward calls behind backward, "
+          "ZeRO-1's exchange behind nothing):\n" + "\n".join(projection.verdicts(proj_rows, devices))
+          + "\n\noutputs in " + str(run_dir) + ": " + ", ".join(f.name for f in files), flush=True)
     return {"rows": rows, "run_dir": str(run_dir), "projection": proj_rows}
 
 
-def _projection(cfg, rows: list[dict], layout: Layout, cost: comm.CostModel, run_dir: Path):
+def _projection(cfg, rows: list[dict], per_strategy, prof: StepProfile, layout: Layout, cost: comm.CostModel):
+    """This machine's model on its calibrated link, and cfg.projection.params on every configured cluster."""
     p = cfg.projection
-    ddp = next((r for r in rows if r["strategy"] == "ddp"), rows[0])
-    measured = projection.Subject(f"{layout.psi / 1e6:.1f}M", layout, ddp["time"]["compute_s"])
-    user = projection.Subject(f"{p.params / 1e9:g}B", Layout.uniform(p.params, p.layers, int(p.bucket_cap_mb * MIB),
-                                                                     p.bytes_per_param),
-                              6 * p.params * p.tokens_per_rank / p.flops_per_s)
-    profiles = [projection.Profile("calibrated", cost.alpha, 1 / cost.beta if cost.beta else 0.0)]
-    profiles += [projection.Profile(name, v.alpha_us * 1e-6, v.bandwidth_GBps * 1e9) for name, v in p.profiles.items()]
-    intra = next(x for x in profiles if x.name == p.intra_node)
-    rows_p = projection.project([measured, user], profiles, list(cfg.strategies), list(p.ranks), p.ranks_per_node, intra)
-    with open(run_dir / "projection.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows_p[0]))
-        w.writeheader()
-        w.writerows(rows_p)
-    return rows_p, projection.verdicts(rows_p)
+    phases = rows[0]["time"]["baseline_phases"]
+    ddp_raw = next((raws[0] for raws in per_strategy if raws[0]["strategy"] == "ddp"), None)
+    buckets = tuple(ddp_raw["bucket_numels"]) if ddp_raw else layout.bucket_numels
+    here = Layout(layout.param_numels, layout.unit_numels, buckets, layout.itemsize)
+    names = list(cfg.strategies)
+    measured = projection.Subject(f"{layout.psi / 1e6:.1f}M (this machine)", {s: here for s in names},
+                                  phases.get("forward", 0.0), phases.get("backward", 0.0), None, ("calibrated",))
+    compute = 6 * p.params * p.tokens_per_rank / p.flops_per_s
+    node = next(iter(p.clusters.values())).gpus_per_node if p.clusters else 8  # hybrid_shard's group: a node
+    big = projection.Subject(
+        f"{p.params / 1e9:g}B", {s: _wire_layout(p, cfg.strategy_options[s]) for s in names}, compute / 3,
+        2 * compute / 3, lambda s, n: _states(p.params, s, n, node), tuple(p.clusters))
+    clusters = [projection.calibrated(cost.alpha, cost.beta)] + [
+        projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9, c.net_alpha_us * 1e-6,
+                           c.nic_GBps * 1e9, c.nics_per_node, c.label) for name, c in p.clusters.items()]
+    return projection.project([measured, big], clusters, names, list(p.ranks), list(p.devices_GB)), clusters
+
+
+def _bytes(dtype) -> int:
+    return 4 if dtype is None else torch.empty(0, dtype=dtype.torch_dtype).element_size()
+
+
+def _wire_layout(p, strategy_cfg) -> Layout:
+    """The projected model's layout, in the dtypes the engine moves (FSDP's param_dtype / reduce_dtype; else fp32)."""
+    gather = _bytes(getattr(strategy_cfg, "param_dtype", None))
+    reduce = _bytes(getattr(strategy_cfg, "reduce_dtype", None) or getattr(strategy_cfg, "param_dtype", None))
+    return Layout.uniform(p.params, p.layers, int(p.bucket_cap_mb * MIB), itemsize=reduce, param_itemsize=gather)
+
+
+def _states(psi: float, strategy: str, n: int, node: int) -> float:
+    """ZeRO's model states per rank as the engines keep them (fp32 AdamW: 4 + 4 + 8 bytes per parameter)."""
+    return model_state_bytes(psi, strategy, min(node, n) if strategy == "hybrid_shard" else n, 4, 4, 8)["total"]
 
 
 def estimate_table(cfg) -> str:
-    """Predicted per-rank peak for every strategy and world size of cfg.estimate (nothing runs)."""
+    """Predicted per-rank memory for every strategy and world size of cfg.estimate (nothing runs)."""
     e = cfg.estimate
+    if e.params:
+        return _paper_table(cfg)
     dtype = e.dtype.torch_dtype
     prof, layout = _profile(cfg, e.device, dtype)
-    k = OPTIMIZER_STATE_TENSORS[cfg.optim.name] * prof.itemsize
+    k = 2 * prof.itemsize if cfg.optim.name == "adamw" else prof.itemsize
     lines = [f"predicted per-rank peak memory, MiB: {cfg.model.name} ({layout.psi / 1e6:.2f}M parameters, "
              f"{str(dtype).removeprefix('torch.')}), batch {cfg.trainer.batch_size} per rank, {cfg.optim.name} "
              f"(K = {k} bytes/param); in brackets ZeRO's model states alone, (p + g + K) psi family",
@@ -143,9 +165,33 @@ def estimate_table(cfg) -> str:
         so = cfg.strategy_options[name]
         cells = []
         for n in e.worlds:
-            est = estimate_memory(prof, name, n, optimizer=cfg.optim.name, backend="nccl" if e.device == "cuda" else "gloo",
-                                  shard_size=getattr(so, "shard_size", None) and min(so.shard_size, n))
-            states = model_state_bytes(layout.psi, name, n, prof.itemsize, prof.itemsize, k)["total"]
+            settings = settings_of(so, world=n)
+            est = estimate_memory(prof, name, n, device=e.device, optimizer=cfg.optim.name,
+                                  backend="nccl" if e.device == "cuda" else "gloo", **settings)
+            states = model_state_bytes(layout.psi, name, settings.get("shard_size", n), prof.itemsize, prof.itemsize,
+                                       k)["total"]
             cells.append(f"{est.total / MIB:9.2f} [{states / MIB:8.2f}]")
         lines.append(f"{name:<14}" + "".join(f"{c:>20}" for c in cells))
     return "\n".join(lines)
+
+
+def _paper_table(cfg) -> str:
+    """ZeRO's model states per rank in GB for a bare parameter count (Rajbhandari et al. 2020, Figure 1)."""
+    e = cfg.estimate
+    p, g, k = (2, 2, 12) if e.precision == "mixed" else (4, 4, 8)
+    lines = [f"model states per rank, GB (1e9 bytes): {e.params / 1e9:g}B parameters, "
+             f"{'mixed precision' if e.precision == 'mixed' else 'fp32'} (p = {p}, g = {g}, K = {k} bytes per "
+             f"parameter); ZeRO's formulas, no activations",
+             f"{'strategy':<14}{'formula':>26}" + "".join(f"{'N=' + str(n):>10}" for n in e.worlds)]
+    formulas = {"ddp": "(p+g+K) psi", "zero1": "(p+g) psi + K psi/N", "shard_grad_op": "p psi + (g+K) psi/N",
+                "full_shard": "(p+g+K) psi/N", "hybrid_shard": "(p+g+K) psi/G", "no_shard": "(p+g+K) psi"}
+    for name in cfg.strategies:
+        so = cfg.strategy_options[name]
+        cells = [model_state_bytes(e.params, name, _states_world(name, n, so), p, g, k)["total"] / 1e9 for n in e.worlds]
+        lines.append(f"{name:<14}{formulas[name]:>26}" + "".join(f"{c:>10.1f}" for c in cells))
+    return "\n".join(lines)
+
+
+def _states_world(name: str, n: int, so) -> int:
+    """The ranks a strategy shards its states over: hybrid_shard's shard group, else all of them."""
+    return min(getattr(so, "shard_size", None) or n, n) if name == "hybrid_shard" else n

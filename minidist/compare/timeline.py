@@ -4,13 +4,14 @@
     json.dump(trace, f); draw_png(raws, "timeline.png")
 
 Layout of the trace: one process per rank (pid = rank, named "rank r"); thread "compute"
-(tid 0) holds each step, inside it forward / backward / optimizer, inside those every wait on a
-collective; threads "comm", "comm 2", ... (tid 1, 2, ...) hold every collective from issue to
+(tid 0) holds each step, inside it forward / backward / optimizer, inside those every wait of the
+main thread on a collective (on its Work or its future: minidist.comm.trace); threads "comm", "comm 2", ... (tid 1, 2, ...) hold every collective from issue to
 completion, a new lane whenever one is issued before the previous one finished (the format
 wants the slices of one thread nested, and async collectives overlap). Complete events
 (ph "X"), microseconds since the barrier that started the comparison; the ranks' clocks are
 aligned at that barrier. The strategies ran one after the other, so they follow each other
-along the time axis.
+along the time axis. In the PNG every strategy's panel starts at its first measured step and
+all panels share one time axis, so their lengths compare.
 """
 
 from __future__ import annotations
@@ -50,14 +51,11 @@ def _lanes(records: list[dict]) -> list[int]:
 
 def _compute_events(raw: dict, pid: int) -> list[dict]:
     strategy = raw["strategy"]
-    events, steps = [], {}
-    for _, phase, step, start, end in raw["phases"]:
-        events.append(_x(phase, "phase", pid, 0, start, end, {"strategy": strategy, "step": step}))
-        w = steps.setdefault(step, [start, end])
-        w[0], w[1] = min(w[0], start), max(w[1], end)
-    for step, (start, end) in steps.items():
-        events.append(_x(f"{strategy} step {step}", "step", pid, 0, start, end, {"strategy": strategy}))
-    events += [_x("wait", "wait", pid, 0, start, end, {"strategy": strategy}) for _, start, end in raw["waits"]]
+    events = [_x(phase, "phase", pid, 0, start, end, {"strategy": strategy, "step": step})
+              for phase, step, start, end in raw["phases"]]
+    events += [_x(f"{strategy} step {i}", "step", pid, 0, start, end, {"strategy": strategy})
+               for i, (start, end) in enumerate(raw["steps"])]
+    events += [_x("wait", "wait", pid, 0, start, end, {"strategy": strategy}) for start, end in raw["main_waits"]]
     return events
 
 
@@ -99,16 +97,17 @@ def draw_png(raws: list[dict], path: Path) -> Path:
 
     strategies = list(dict.fromkeys(r["strategy"] for r in raws))
     ranks = sorted({r["rank"] for r in raws})
-    fig, axes = plt.subplots(len(strategies), 1, figsize=(12, 1.0 + 0.9 * len(ranks) * len(strategies)), squeeze=False)
+    fig, axes = plt.subplots(len(strategies), 1, figsize=(12, 1.0 + 0.9 * len(ranks) * len(strategies)), squeeze=False,
+                             sharex=True)
     for ax, strategy in zip(axes[:, 0], strategies):
         mine = [r for r in raws if r["strategy"] == strategy]
-        t0 = min((p[3] for r in mine for p in r["phases"]), default=0.0)
+        t0 = min(r["steps"][0][0] for r in mine)
         for raw in mine:
             _draw_rank(ax, raw, t0, 2 * (len(ranks) - 1 - ranks.index(raw["rank"])))
         ax.set_yticks([2 * i + off for i in range(len(ranks)) for off in (0.4, 1.4)])
         ax.set_yticklabels([f"rank {r} {row}" for r in reversed(ranks) for row in ("comm", "compute")], fontsize=7)
         ax.set_title(strategy, fontsize=9, loc="left")
-        ax.set_xlabel("ms since the first measured step", fontsize=8)
+    axes[-1, 0].set_xlabel("ms since the strategy's first measured step (one axis for every panel)", fontsize=8)
     handles = [Patch(color=c, label=k) for k, c in (PHASE_COLORS | OP_COLORS).items()] + [Patch(color="black", label="wait")]
     fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles))
     fig.tight_layout(rect=(0, 0, 1, 0.97))
@@ -119,9 +118,9 @@ def draw_png(raws: list[dict], path: Path) -> Path:
 
 def _draw_rank(ax, raw: dict, t0: float, y: float) -> None:
     ms = lambda t: (t - t0) * 1e3  # noqa: E731
-    for _, phase, _, start, end in raw["phases"]:
+    for phase, _, start, end in raw["phases"]:
         ax.broken_barh([(ms(start), ms(end) - ms(start))], (y + 1.05, 0.7), color=PHASE_COLORS[phase])
-    waits = [(ms(a), ms(b) - ms(a)) for _, a, b in raw["waits"]]
+    waits = [(ms(a), ms(b) - ms(a)) for a, b in raw["main_waits"]]
     ax.broken_barh(waits, (y + 1.05, 0.25), color="black")
     for r in raw["records"]:
         end = r["completed"] if r["completed"] is not None else r["issued"]

@@ -1,0 +1,101 @@
+"""DDP's memory on one rank, instant by instant (the minidist.footprint interface).
+
+    held(layout, world, policy=ReducerPolicy(), device_type="cpu")   # from sizes: list[Held]
+    live(ddp_model)                                                  # the buffers that exist now
+
+DDP replicates: every rank holds all psi parameters (p bytes each), all their gradients
+(p.grad, as the plain model has them) and the optimizer's state for all of them. What the
+reducer adds depends on how each bucket travels (reduction.py decides, and this module asks
+it the same question):
+
+  * in place (the default on the CPU): nothing. p.grad itself is divided and all_reduced.
+  * through the bucket's flat buffer (accelerators, registered comm hooks,
+    gradient_as_bucket_view, packed parts of IN_PLACE_MAX_BYTES or more): the buffer is
+    allocated at the first backward and kept for the run, one more copy of those gradients;
+    with gradient_as_bucket_view p.grad *is* a view of it, so the gradients live there.
+
+One more holder, outside DDP: comm.flight_recorder keeps the future of every async collective
+until this rank's next collective finds it done, and in place a bucket's future holds its
+gradients. So the last step's gradients outlive zero_grad() until the first bucket of the next
+backward launches: through the forward and the backward of the units that fill bucket 0.
+Counted here as "other", all of them (an upper bound: the recorder may have let some go).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+
+from minidist.ddp import reduction
+from minidist.ddp.bucket import ReducerPolicy, assign_buckets
+from minidist.footprint import At, Held, ModelLayout, OptimizerModel
+
+_DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
+
+
+class _Spec:
+    """What the reducer's rules read of a parameter: its size, dtype and device."""
+
+    def __init__(self, numel: int, itemsize: int, device_type: str):
+        self._numel, self._itemsize = numel, itemsize
+        self.dtype, self.device = _DTYPES[itemsize], torch.device(device_type)
+
+    def numel(self) -> int:
+        return self._numel
+
+    def element_size(self) -> int:
+        return self._itemsize
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
+def buckets(layout: ModelLayout, policy: ReducerPolicy, device_type: str,
+            hook=reduction.allreduce_presummed) -> list[tuple[list[int], bool]]:
+    """(indices into layout.param_numels, reduced in place?) per bucket, as the reducer builds them.
+
+    In reverse registration order, the reducer's order until its one rebuild in the order
+    gradients became ready (for a network whose backward runs its layers in reverse, the same).
+    """
+    order = list(reversed(range(len(layout.param_numels))))
+    specs = [_Spec(layout.param_numels[i], layout.itemsize, device_type) for i in order]
+    out = []
+    for members in assign_buckets(specs, policy.bucket_cap_bytes, policy.first_bucket_bytes, policy.last_bucket_bytes):
+        bucket = SimpleNamespace(params=[specs[k] for k in members])
+        out.append(([order[k] for k in members], reduction.reduces_in_place(hook, policy, bucket)))
+    return out
+
+
+def held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",
+         optimizer: OptimizerModel = OptimizerModel(), optimizer_pieces: list[int] | None = None,
+         hook=reduction.allreduce_presummed) -> list[Held]:
+    """DDP's holdings at every instant of a step (module docstring). optimizer_pieces: the elements
+    of each tensor this rank's optimizer updates (default every parameter; ZeRO-1 passes its share)."""
+    p, psi = layout.itemsize, layout.psi
+    pieces = list(layout.param_numels) if optimizer_pieces is None else optimizer_pieces
+    plan = buckets(layout, policy, device_type, hook) if world > 1 else []
+    nbytes = lambda ids: sum(layout.param_numels[i] for i in ids) * p  # noqa: E731
+    flats = sum(nbytes(ids) for ids, in_place in plan if not in_place)
+    retained = sum(nbytes(ids) for ids, in_place in plan if in_place)
+    first = {layout.param_units[i] for i in plan[0][0]} if plan else set()
+    early = {0} | {u for u in range(layout.units) if u >= min(first - {0}, default=layout.units)}
+    as_view = policy.gradient_as_bucket_view and world > 1
+    base = {"parameters": psi * p, "optimizer": optimizer.state_bytes(pieces, p), "buffers": flats}
+    grads = () if as_view else None  # as bucket views, the gradients are the flat buffers
+    rows = [Held(At("forward"), base | {"other": retained}, grads, "forward (last step's gradients held)")]
+    for u in range(layout.units):
+        rows.append(Held(At("backward", u), base | {"other": retained if u in early else 0}, grads,
+                         "backward" + (" (last step's gradients still held)" if u in early and retained else "")))
+    rows.append(Held(At("optimizer"), base | {"gradients": 0 if as_view else psi * p,
+                                              "other": optimizer.temporaries(pieces, p)}, (), "optimizer step"))
+    return rows
+
+
+def live(model: nn.Module) -> dict[str, list[torch.Tensor]]:
+    """The reducer's flat buffers that exist now (a bucket reduced in place never allocates one)."""
+    reducer = getattr(model, "reducer", None)
+    if reducer is None:
+        return {}
+    return {"buffers": [b._flat for b in reducer.buckets if b._flat is not None]}

@@ -1,0 +1,113 @@
+"""What an engine holds in memory on one rank, instant by instant of a training step.
+
+The interface an engine module offers so that a memory estimate (minidist.compare.estimate)
+adds what the engine holds to a profile of the plain model's step without re-encoding the
+engine's schedule, and so that a measurement (minidist.compare.memory) can name the engine's
+tensors without touching them:
+
+    held(layout, world, ...settings) -> list[Held]      # from sizes and settings; nothing runs
+    live(engine_object) -> dict[role, list[Tensor]]      # its tensors that exist now, read only
+
+minidist/ddp/footprint.py implements it for DDP. ZeRO-1 and FSDP: minidist/compare/footprints.py,
+written from the outside against today's engines, to move into minidist/zero and minidist/fsdp
+(their owners keep them true when a schedule changes; tests/compare/test_memory_validation.py
+compares every estimate with torch's allocator events, so a stale one fails there).
+
+An instant (At) is named the way a profile of the plain model can find it: the phase, and
+the FSDP unit running (unit 0 is the root; units 1.. the wrapped blocks in forward order):
+
+    forward, u          inside unit u's forward
+    backward, u         inside unit u's backward, its gradients accumulating
+    post_backward, u    when u's last gradient is computed (what an engine does then)
+    optimizer           the optimizer step and what follows it (no activations left)
+
+`stage` orders several instants of one phase and unit (e.g. the optimizer's update, then
+ZeRO-1's broadcasts). unit None covers every unit of its phase; an engine lists each instant
+its holdings change at.
+
+Held.bytes is what the engine holds then, by role; the plain model's gradients are not in it:
+Held.plain_grads names the units whose gradients (as the plain model computes them; the
+estimator reads those bytes from the profile, which knows how far backward has got) are alive
+then: DDP keeps them all, FSDP drops a unit's once it has reduced them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROLES = ("parameters", "gradients", "optimizer", "buffers", "activations", "other")
+"""The columns of a memory breakdown, in the order reports print them."""
+
+PHASES = ("forward", "backward", "post_backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """The sizes an engine's memory is made of (elements), from the model alone."""
+
+    unit_param_numels: tuple[tuple[int, ...], ...]
+    """Per FSDP unit (root first), the elements of each of its parameters in flat-buffer order."""
+    param_numels: tuple[int, ...]
+    """Every parameter once, in model.parameters() order (DDP's buckets, ZeRO-1's partition)."""
+    param_units: tuple[int, ...]
+    """The unit of each parameter of param_numels."""
+    itemsize: int = 4
+    """Bytes per parameter element."""
+
+    @property
+    def psi(self) -> int:
+        return sum(self.param_numels)
+
+    @property
+    def units(self) -> int:
+        return len(self.unit_param_numels)
+
+
+@dataclass(frozen=True)
+class At:
+    phase: str
+    unit: int | None = None
+    stage: int = 0
+
+    def __post_init__(self):
+        if self.phase not in PHASES:
+            raise ValueError(f"unknown phase {self.phase!r}; one of {', '.join(PHASES)}")
+
+
+@dataclass(frozen=True)
+class Held:
+    at: At
+    bytes: dict[str, int] = field(default_factory=dict)
+    """Role -> bytes the engine holds at this instant (parameters, gradients, optimizer, buffers, other)."""
+    plain_grads: tuple[int, ...] | None = None
+    """Units whose plain-model gradients are alive now; None = every unit's."""
+    note: str = ""
+    """What this instant is, in words (reports show it where the peak falls)."""
+
+
+@dataclass(frozen=True)
+class OptimizerModel:
+    """torch's optimizer as it runs on one rank: its state per element and the temporaries of step().
+
+    AdamW keeps two moments per element (K = 2 x itemsize bytes; 8 for fp32) and a 4-byte step
+    counter per tensor; SGD with momentum one buffer. step() on the CPU runs one tensor at a
+    time (torch's single-tensor path): AdamW allocates about two temporaries of the tensor
+    being updated, so the largest piece sets them. On an accelerator it runs the foreach path:
+    about one temporary the size of everything it updates.
+    """
+
+    name: str = "adamw"
+    device_type: str = "cpu"
+
+    @property
+    def state_tensors(self) -> int:
+        return {"adamw": 2, "sgd": 1}[self.name]
+
+    def state_bytes(self, pieces: list[int], itemsize: int) -> int:
+        counters = 4 * len(pieces) if self.name == "adamw" else 0
+        return self.state_tensors * itemsize * sum(pieces) + counters
+
+    def temporaries(self, pieces: list[int], itemsize: int) -> int:
+        if not pieces or self.name != "adamw":
+            return 0
+        return (2 * max(pieces) if self.device_type == "cpu" else sum(pieces)) * itemsize
