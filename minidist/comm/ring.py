@@ -118,8 +118,8 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Group 
     lane = _lane(group, create=async_op)
     if not async_op and (lane is None or lane.idle()):
         return _run_now(run, output, async_op)
-    work = RingWork(output)  # behind this group's queued rings, in issue order
-    lane.submit(lambda: work._run(run))
+    work = RingWork(output, run)  # behind this group's queued rings, in issue order
+    lane.submit(work._run)
     if async_op:
         return work
     work.wait()
@@ -166,19 +166,27 @@ def _ring(output: torch.Tensor, input: torch.Tensor, op, group: Group) -> None:
 class RingWork:
     """The handle of an asynchronous ring: wait(), is_completed(), get_future(), as a Work has."""
 
-    def __init__(self, output: torch.Tensor):
+    def __init__(self, output: torch.Tensor, ring: Callable[[], None] | None = None):
         self._output = output
+        self._ring = ring
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._future: torch.futures.Future = torch.futures.Future()
 
-    def _run(self, ring: Callable[[], None]) -> None:
-        """Run the ring, then complete the future (its callbacks first) and wake wait()."""
+    def _run(self, ring: Callable[[], None] | None = None) -> None:
+        """Run the ring, drop it (and the input it holds), then complete the future and wake wait().
+
+        Dropped before waking the caller: the caller, not the lane, then releases the input
+        last, on its own thread (where torch's profiler sees the free: minidist.compare.allocator).
+        """
+        ring, self._ring = ring or self._ring, None
         try:
             ring()
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits
             self._error = e
-            self._future.set_exception(e)
+        ring = None  # noqa: F841
+        if self._error is not None:
+            self._future.set_exception(self._error)
         else:
             self._future.set_result([self._output])
         self._done.set()

@@ -2,9 +2,11 @@
 
     with AllocatorPeak(device) as peak:     # opened before the model is built
         bench = build(); warm_up()
-        with peak.window():                 # the step whose peak counts
-            step()
-    peak.bytes                              # live bytes at the window's peak
+        for _ in range(2):
+            with peak.window():             # a step whose peak counts
+                step()
+    peak.peaks                              # live bytes at each window's peak
+    peak.bytes                              # the lowest of them (below)
 
 CUDA: the caching allocator's own statistics, torch.cuda.max_memory_allocated() after
 reset_peak_memory_stats() (bytes handed to tensors; the cache it keeps beyond is not counted).
@@ -20,7 +22,11 @@ the instrument, both stated where numbers are printed:
     workers, minidist's ring lane) are not seen. The ledger (memory.py) sees the same
     main-thread tensors, so the two are compared like with like;
   * a free of memory allocated before the session is not reported (torch logs a warning):
-    so nothing allocated before the session may die inside it (call gc.collect() first).
+    so nothing allocated before the session may die inside it (call gc.collect() first);
+  * a free on a thread it does not follow is not reported either, so a tensor whose last
+    reference dies there (gloo's worker after its work returned, a race with the caller) stays
+    counted: the instrument can only over-count, rarely, by a tensor. `bytes` is the lowest
+    peak of the windows (measure two steps: a race rarely hits both).
 
 Kineto, the profiler's backend, prints its own log lines on a CUDA build without a GPU;
 KINETO_LOG_LEVEL (unless the user set it) keeps it quiet.
@@ -41,12 +47,19 @@ class AllocatorPeak:
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
-        self.bytes: int | None = None
-        """Live bytes at the peak of the last window (None before it closed)."""
+        self.peaks: list[int] = []
+        """Live bytes at the peak of each window (CPU: filled when the session closes)."""
         self.at_start: int | None = None
-        """Live bytes when the last window opened."""
+        """Live bytes when the first window opened."""
         self._prof = None
-        self._window: tuple[int, int] | None = None
+        self._windows: list[tuple[int, int]] = []
+        self.events: list[tuple[int, int, int]] | None = None
+        """CPU: (time ns, address, signed bytes) of every allocator event of the session."""
+
+    @property
+    def bytes(self) -> int | None:
+        """The lowest window peak (module docstring); None before any window closed."""
+        return min(self.peaks) if self.peaks else None
 
     @property
     def instrument(self) -> str:
@@ -66,22 +79,24 @@ class AllocatorPeak:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.at_start = torch.cuda.memory_allocated(self.device)
+            if self.at_start is None:
+                self.at_start = torch.cuda.memory_allocated(self.device)
             yield
             torch.cuda.synchronize(self.device)
-            self.bytes = torch.cuda.max_memory_allocated(self.device)
+            self.peaks.append(torch.cuda.max_memory_allocated(self.device))
             return
         start = time.time_ns()
         yield
-        self._window = (start, time.time_ns())
+        self._windows.append((start, time.time_ns()))
 
     def __exit__(self, *exc) -> None:
         if self._prof is None:
             return
         self._prof.__exit__(*exc)
-        if exc[0] is None and self._window is not None:
-            self.at_start, self.bytes = _cpu_peak(self._prof, *self._window)
-        self._prof_saved, self._prof = self._prof, None
+        if exc[0] is None and self._windows:
+            self.events = _allocations(self._prof)
+            self.at_start, self.peaks = _cpu_peaks(self.events, self._windows)
+        self._prof = None
 
 
 def _allocations(prof) -> list[tuple[int, int, int]]:
@@ -96,25 +111,27 @@ def _allocations(prof) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-def _cpu_peak(prof, start_ns: int, end_ns: int) -> tuple[int, int]:
-    """(live bytes at start_ns, peak live bytes in [start_ns, end_ns]) from the allocation events.
+def _cpu_peaks(events: list[tuple[int, int, int]], windows: list[tuple[int, int]]) -> tuple[int, list[int]]:
+    """(live bytes when the first window opens, the peak live bytes inside each window).
 
     A free counts only if its block was allocated inside the session (matched by address):
     the reporter keeps blocks of earlier sessions in its table and would report their frees.
     """
     live: dict[int, int] = {}
-    total = 0
-    at_start = peak = None
-    for t, ptr, nbytes in _allocations(prof):
-        if at_start is None and t >= start_ns:
-            at_start = peak = total
+    total, at_start = 0, None
+    peaks = [None] * len(windows)
+    for t, ptr, nbytes in events:
+        if at_start is None and t >= windows[0][0]:
+            at_start = total
+        for k, (a, b) in enumerate(windows):
+            if peaks[k] is None and t >= a:
+                peaks[k] = total  # live when the window opened
         if nbytes > 0:
             live[ptr] = nbytes
             total += nbytes
         else:
             total -= live.pop(ptr, 0)
-        if start_ns <= t <= end_ns:
-            peak = max(peak, total)
-    if at_start is None:
-        at_start = peak = total
-    return at_start, peak
+        for k, (a, b) in enumerate(windows):
+            if a <= t <= b:
+                peaks[k] = max(peaks[k], total)
+    return (total if at_start is None else at_start), [total if p is None else p for p in peaks]

@@ -25,7 +25,9 @@ root) stays gathered into the backward; prefetch keeps max_inflight more units g
 At a unit's post_backward its `full` is freed first, then the previous unit's reduce_scatter is
 waited on (its P_u input freed; gloo's own reduce_scatter also held a clone of it), then the
 flat gradient (P_u) is filled from the unit's gradients, which are dropped. no_shard gathers
-nothing: the flat gradient is all-reduced and kept as the gradient.
+nothing: the flat gradient is all-reduced and kept as the gradient. On gloo an all_gather into
+one tensor runs into a flat copy of the output (P_u, on gloo's worker) and copies it back, so
+while a prefetched unit's gather may still run ("other", an upper bound) that copy exists too.
 
 And FlatParamShard keeps every original parameter alive (ParamInfo.param in `flat.infos`): p psi
 per rank for the whole run, on top of the shards; counted here as "other" until fixed.
@@ -89,19 +91,26 @@ def _shard_pieces(numels, shard: int, rank: int = 0) -> list[int]:
     return out
 
 
-def _gathered(strategy: str, at: At, last: int, m_fwd: int, m_bwd: int) -> list[int]:
-    """Units whose `full` is allocated at `at` (0 = root, 1..last the blocks in forward order)."""
+def _gathered(strategy: str, at: At, last: int, m_fwd: int, m_bwd: int) -> tuple[list[int], list[int]]:
+    """(units whose `full` is allocated at `at`, those of them prefetched: their all_gather may still run).
+
+    0 = root, 1..last the blocks in forward order; the root's stage 1 = after the blocks (in this
+    phase's order)."""
     keep = strategy == "shard_grad_op"  # parameters stay gathered from forward to backward
-    u, after = at.unit, at.stage == 1  # root: stage 1 = after the blocks (in this phase's order)
+    u, after = at.unit, at.stage == 1
     if at.phase == "forward":
         if u == 0:
-            return [0] + (list(range(1, last + 1)) if keep and after else [] if after else
-                          list(range(1, 1 + min(m_fwd, last))))
-        return [0] + (list(range(1, u + 1)) if keep else [u]) + list(range(u + 1, min(last, u + m_fwd) + 1))
+            ahead = [] if after else list(range(1, 1 + min(m_fwd, last)))
+            return [0] + (list(range(1, last + 1)) if keep and after else ahead), ahead
+        ahead = list(range(u + 1, min(last, u + m_fwd) + 1))
+        return [0] + (list(range(1, u + 1)) if keep else [u]) + ahead, ahead
     if u == 0:
-        return [0] if after else [0] + (list(range(1, last + 1)) if keep else list(range(last, max(0, last - m_bwd), -1)))
-    behind = list(range(max(1, u - m_bwd), u))
-    return [0] + (list(range(1, u + 1)) if keep else [u] + behind)
+        if after:
+            return [0], []
+        behind = [] if keep else list(range(last, max(0, last - m_bwd), -1))
+        return [0] + (list(range(1, last + 1)) if keep else behind), behind
+    behind = [] if keep else list(range(max(1, u - m_bwd), u))
+    return [0] + (list(range(1, u + 1)) if keep else [u] + behind), behind
 
 
 def fsdp_held(layout: ModelLayout, strategy: str, world: int, *, shard_size: int | None = None,
@@ -119,32 +128,37 @@ def fsdp_held(layout: ModelLayout, strategy: str, world: int, *, shard_size: int
     m = (max_inflight_all_gathers if forward_prefetch else 0, max_inflight_all_gathers if backward_prefetch else 0)
     base = {"parameters": sum(shard) * p, "optimizer": optimizer.state_bytes(pieces, p), "other": layout.psi * p}
     clone = n > 1 and backend == "gloo" and algorithm_for(backend, device_type) == "native"
+    staging = n > 1 and backend == "gloo"  # gloo's all_gather fills a flat copy of the output, then copies it
     shards = lambda units: sum(shard[v] * p for v in units)  # noqa: E731 - reduced gradient shards
     rows = []
+    def gathered(at: At, skip: int | None = None) -> dict[str, int]:
+        units, in_flight = _gathered(strategy, at, last, *m)
+        return {"buffers": sum(full[v] for v in units if v != skip),
+                "other": base["other"] + (sum(full[v] for v in in_flight) if staging else 0)}
+
     for u in range(layout.units):
         for stage in ((0, 1) if u == 0 else (0,)):
             at = At("forward", u, stage)
-            rows.append(Held(at, base | {"buffers": sum(full[v] for v in _gathered(strategy, at, last, *m))},
-                             None, f"forward of unit {u}"))
+            rows.append(Held(at, base | gathered(at), None, f"forward of unit {u}"))
     for u in range(layout.units):
         for stage in ((0, 1) if u == 0 else (0,)):
             at = At("backward", u, stage)
             done = list(range(1, last + 1)) if u == 0 and stage == 1 else list(range(u + 1, last + 1)) if u else []
-            gathered = sum(full[v] for v in _gathered(strategy, at, last, *m))
-            rows.append(Held(at, base | {"buffers": gathered + (flat_in_flight[min(done)] if done else 0),
-                                         "gradients": shards(done)},
+            g = gathered(at)
+            rows.append(Held(at, base | g | {"buffers": g["buffers"] + (flat_in_flight[min(done)] if done else 0),
+                                             "gradients": shards(done)},
                              (u, 0) if u else (0,), f"backward of unit {u}"))
         if u == 0:
             continue
         done = list(range(u + 1, last + 1))
-        gathered = sum(full[v] for v in _gathered(strategy, At("backward", u), last, *m) if v != u)
+        gathered_u = gathered(At("backward", u), skip=u)["buffers"]
         previous = flat_in_flight[u + 1] if u < last else 0
         if clone and previous:  # freed `full`, waiting for the previous reduce_scatter: its input twice
-            rows.append(Held(At("post_backward", u, 0), base | {"buffers": gathered + previous, "other":
+            rows.append(Held(At("post_backward", u, 0), base | {"buffers": gathered_u + previous, "other":
                              base["other"] + previous, "gradients": shards(done)}, (u, 0),
                              f"unit {u}'s post_backward, gloo's reduce_scatter clone alive"))
-        flat = {"buffers": gathered + padded[u] * p, "gradients": shards(done)} if n > 1 else \
-            {"buffers": gathered, "gradients": shards(done) + padded[u] * p}  # no_shard: the flat is the gradient
+        flat = {"buffers": gathered_u + padded[u] * p, "gradients": shards(done)} if n > 1 else \
+            {"buffers": gathered_u, "gradients": shards(done) + padded[u] * p}  # no_shard: the flat is the gradient
         rows.append(Held(At("post_backward", u, 1), base | flat, (u, 0), f"unit {u}'s post_backward, its flat gradient filled"))
     rows.append(Held(At("optimizer"), base | {"gradients": sum(shard) * p, "other": base["other"] +
                                               optimizer.temporaries(pieces, p)}, (), "optimizer step"))

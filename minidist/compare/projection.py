@@ -16,7 +16,8 @@ nodes (Cluster: G ranks per node on an intra-node fabric, NICs per node on the n
   * ring (N ranks, S bytes): all_gather, reduce_scatter (N-1) hops + S (N-1)/N / B; broadcast
     (pipelined) (N-1) hops + S / B; all_reduce 2 (N-1) hops + 2 S (N-1)/N / B;
   * tree (NCCL's double binary tree across nodes, a chain inside each): all_reduce
-    2 ((m-1) alpha_intra + ceil(log2 n_nodes) alpha_net) + 2 S / B;
+    2 ((m-1) alpha_intra + ceil(log2 n_nodes) alpha_net) + 2 S / (0.92 B) (NCCL's tuner rates
+    the tree's bus bandwidth at 0.92 of the ring's: TREE_EFFICIENCY);
   * per all_reduce the cheaper of ring and tree (as NCCL's tuner picks); all_gather,
     reduce_scatter and broadcast run as rings.
 
@@ -44,6 +45,8 @@ from typing import Callable
 
 from minidist.compare.analytic import Call, Layout, plan
 
+TREE_EFFICIENCY = 0.92
+"""NCCL's tuning model: an all_reduce tree reaches this share of the ring's bus bandwidth."""
 HIDES = 0.01
 """A strategy hides its communication where what compute cannot hide is at most this share of compute."""
 
@@ -103,7 +106,7 @@ def call_time(c: Cluster, call: Call, algorithm: str = "auto") -> float:
     if call.op != "all_reduce":
         raise ValueError(f"no projection for {call.op!r}")
     ring = 2 * hops + 2 * s * (k - 1) / k / bus
-    tree = 2 * ((m - 1) * c.intra_alpha_s + math.ceil(math.log2(nodes)) * c.net_alpha_s) + 2 * s / bus
+    tree = 2 * ((m - 1) * c.intra_alpha_s + math.ceil(math.log2(nodes)) * c.net_alpha_s) + 2 * s / (TREE_EFFICIENCY * bus)
     return {"ring": ring, "tree": tree, "auto": min(ring, tree) if nodes > 1 else ring}[algorithm]
 
 

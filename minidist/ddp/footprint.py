@@ -14,11 +14,16 @@ it the same question):
     allocated at the first backward and kept for the run, one more copy of those gradients;
     with gradient_as_bucket_view p.grad *is* a view of it, so the gradients live there.
 
-One more holder, outside DDP: comm.flight_recorder keeps the future of every async collective
-until this rank's next collective finds it done, and in place a bucket's future holds its
-gradients. So the last step's gradients outlive zero_grad() until the first bucket of the next
-backward launches: through the forward and the backward of the units that fill bucket 0.
-Counted here as "other", all of them (an upper bound: the recorder may have let some go).
+Two more holders, outside DDP, counted as "other":
+
+  * comm.flight_recorder keeps the future of every async collective until this rank's next
+    collective finds it done, and in place a bucket's future holds its gradients. So the last
+    step's gradients outlive zero_grad() until the first bucket of the next backward launches:
+    through the forward and the backward of the units that fill bucket 0 (all of them: an
+    upper bound, the recorder may have let some go);
+  * gloo packs a coalesced all_reduce into one flat buffer on its worker (the packed part of a
+    bucket reduced in place) while it runs: from the bucket's launch, counted to the end of
+    the backward (an upper bound: it may finish sooner).
 """
 
 from __future__ import annotations
@@ -68,9 +73,18 @@ def buckets(layout: ModelLayout, policy: ReducerPolicy, device_type: str,
     return out
 
 
+def _fills_in(layout: ModelLayout, ids: list[int]) -> int:
+    """The unit during whose backward a bucket fills; 0: at the very end (a root parameter whose
+    gradient comes last, as the embedding's). Backward reaches the root's parameters registered
+    after every block's (the final norm, the head) first, those registered before them last."""
+    last_block = max((i for i, u in enumerate(layout.param_units) if u), default=-1)
+    at = [layout.units if u == 0 and i > last_block else u for i, u in ((i, layout.param_units[i]) for i in ids)]
+    return min(at)
+
+
 def held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",
          optimizer: OptimizerModel = OptimizerModel(), optimizer_pieces: list[int] | None = None,
-         hook=reduction.allreduce_presummed) -> list[Held]:
+         hook=reduction.allreduce_presummed, backend: str = "gloo") -> list[Held]:
     """DDP's holdings at every instant of a step (module docstring). optimizer_pieces: the elements
     of each tensor this rank's optimizer updates (default every parameter; ZeRO-1 passes its share)."""
     p, psi = layout.itemsize, layout.psi
@@ -79,15 +93,22 @@ def held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPoli
     nbytes = lambda ids: sum(layout.param_numels[i] for i in ids) * p  # noqa: E731
     flats = sum(nbytes(ids) for ids, in_place in plan if not in_place)
     retained = sum(nbytes(ids) for ids, in_place in plan if in_place)
-    first = {layout.param_units[i] for i in plan[0][0]} if plan else set()
-    early = {0} | {u for u in range(layout.units) if u >= min(first - {0}, default=layout.units)}
+    first = _fills_in(layout, plan[0][0]) if plan else 0
+    packed = [(_fills_in(layout, ids), sum(layout.param_numels[i] * p for i in ids
+                                          if layout.param_numels[i] * p < reduction.SEPARATE_MIN_BYTES))
+              for ids, in_place in plan if in_place and backend == "gloo"]
     as_view = policy.gradient_as_bucket_view and world > 1
     base = {"parameters": psi * p, "optimizer": optimizer.state_bytes(pieces, p), "buffers": flats}
     grads = () if as_view else None  # as bucket views, the gradients are the flat buffers
     rows = [Held(At("forward"), base | {"other": retained}, grads, "forward (last step's gradients held)")]
     for u in range(layout.units):
-        rows.append(Held(At("backward", u), base | {"other": retained if u in early else 0}, grads,
-                         "backward" + (" (last step's gradients still held)" if u in early and retained else "")))
+        for stage in ((0, 1) if u == 0 else (0,)):
+            held_old = retained if (u == 0 and stage == 0) or (u > 0 and (first == 0 or u >= first)) else 0
+            staged = sum(b for at, b in packed if at != 0 and (u == 0 and stage == 1 or 0 < u <= at))
+            other = max(held_old, staged) if u == first else held_old + staged  # bucket 0's launch ends the one
+            note = " (last step's gradients still held)" if other == held_old and held_old else \
+                " (gloo packing launched buckets)" if staged else ""  # and starts the other
+            rows.append(Held(At("backward", u, stage), base | {"other": other}, grads, "backward" + note))
     rows.append(Held(At("optimizer"), base | {"gradients": 0 if as_view else psi * p,
                                               "other": optimizer.temporaries(pieces, p)}, (), "optimizer step"))
     return rows

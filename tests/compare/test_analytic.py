@@ -1,5 +1,5 @@
-"""The call lists of minidist.compare.analytic against the closed forms, and the projection
-against minidist.comm.cost's ring and tree formulas written out by hand."""
+"""The call lists of minidist.compare.analytic against the closed forms, and the projection's cluster
+model written out by hand: ring or tree as NCCL picks, node and NIC bandwidth, overlap windows."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from minidist.comm import CostModel
-from minidist.compare.analytic import Layout, busbw_factor, calls_by_op, plan, ring_bytes
-from minidist.compare.projection import Profile, comm_time
+from minidist.compare.analytic import Call, Layout, busbw_factor, calls_by_op, plan, ring_bytes
+from minidist.compare.projection import HIDES, TREE_EFFICIENCY, Cluster, Subject, calibrated, call_time, project, verdicts
 
 EVEN = Layout(param_numels=(1200, 600, 600, 96), unit_numels=(96, 1200, 1200), bucket_numels=(1296, 1200))
+NODE = Cluster("dgx", 8, 2e-6, 450e9, 8e-6, 50e9, 8)  # 8 GPUs, NVLink 450 GB/s, 8 x 400 Gb/s
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
@@ -23,19 +23,26 @@ def test_closed_forms_on_an_evenly_divisible_layout(n):
     assert sent["shard_grad_op"] == sent["ddp"] == sent["no_shard"]
     root = 4 * EVEN.unit_numels[0]  # the root (first) stays gathered into backward: one gather less
     assert sent["full_shard"] == (3 * s - root) * (n - 1) // n           # 1.5x DDP less the root's re-gather
-    assert sent["zero1"] == sent["ddp"] + s                             # + one broadcast of every share
+    assert sent["zero1"] == 3 * s * (n - 1) // n                         # + broadcasts: N-1 of N ranks send each share
     calls = calls_by_op(plan("full_shard", EVEN, n))
     assert calls == {"all_gather": 5, "reduce_scatter": 3, "all_reduce": 1}  # + the clip all_reduce
 
 
-def test_padding_and_hybrid():
+def test_padding_hybrid_phases_and_dtypes():
     lay = Layout(param_numels=(10, 7), unit_numels=(10, 7), bucket_numels=(17,))
     calls = plan("full_shard", lay, 3, grad_clip=False)
     assert [c.payload for c in calls if c.op == "reduce_scatter"] == [12 * 4, 9 * 4]  # padded to multiples of 3
     hybrid = plan("hybrid_shard", EVEN, 8, shard_size=4, grad_clip=False)
     ar = [c for c in hybrid if c.op == "all_reduce"]
     assert [c.group_size for c in ar] == [2, 2, 2] and [c.payload for c in ar] == [96, 1200, 1200]  # S_unit / G bytes
+    assert all(c.ranks_spanned == 8 for c in ar)  # a replica group holds one rank per shard group
     assert ring_bytes(hybrid) == (3 * 4 * EVEN.psi - 4 * 96) * 3 // 4 + 2 * (4 * EVEN.psi // 4) // 2
+    phases = {(c.op, c.phase) for c in plan("full_shard", EVEN, 4) + plan("zero1", EVEN, 4)}
+    assert phases == {("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward"),
+                      ("all_reduce", "after"), ("all_reduce", "backward"), ("broadcast", "after")}
+    bf16 = Layout(EVEN.param_numels, EVEN.unit_numels, EVEN.bucket_numels, itemsize=4, param_itemsize=2)
+    ag, rs = (sum(c.payload for c in plan("full_shard", bf16, 4) if c.op == op) for op in ("all_gather", "reduce_scatter"))
+    assert ag == 2 * (2 * sum(EVEN.unit_numels) - 96) and rs == 4 * sum(EVEN.unit_numels)  # gathered bf16, reduced fp32
 
 
 def test_busbw_factors():
@@ -43,24 +50,54 @@ def test_busbw_factors():
     assert busbw_factor("broadcast", 8) == 1
 
 
-def test_projection_reproduces_ring_and_tree_formulas():
-    a, b = 5e-6, 1 / 50e9
-    link = Profile("ib", a, 50e9)
-    lay = Layout(param_numels=(1 << 20,), unit_numels=(1 << 20,), bucket_numels=(1 << 20,))
-    s = 4 * (1 << 20)
-    for n in (8, 64, 1024):
-        lg = math.ceil(math.log2(n))
-        ring = comm_time("ddp", lay, n, "ring", link, link, ranks_per_node=1)
-        tree = comm_time("ddp", lay, n, "tree", link, link, ranks_per_node=1)
-        assert ring == pytest.approx(2 * (n - 1) * a + 2 * s * (n - 1) / n * b, rel=1e-12)
-        assert tree == pytest.approx(2 * lg * a + 2 * s * (n - 1) / n * b, rel=1e-12)
-        fs = comm_time("full_shard", lay, n, "ring", link, link, ranks_per_node=1)
-        # one unit, the root: gathered in forward and kept for backward (2 collectives, not 3)
-        assert fs == pytest.approx(2 * ((n - 1) * a + s * (n - 1) / n * b) + 2 * (n - 1) * a + 2 * 4 * (n - 1) / n * b)
-    # two tiers: hybrid_shard's shard group inside a node runs at the intra-node profile
-    fast = Profile("nvlink", 1e-6, 400e9)
-    hyb = comm_time("hybrid_shard", lay, 64, "ring", link, fast, ranks_per_node=8)
-    cost_fast, cost_ib = fast.cost, CostModel(a, b)
-    expect = (2 * cost_fast.predict("all_gather", s, 8) + cost_ib.predict("all_reduce", s // 8, 8)
-              + cost_fast.predict("all_reduce", 4, 8))
-    assert hyb == pytest.approx(expect)
+def test_inside_a_node_rings_run_on_the_fabric():
+    s = 2**30
+    for op, bw in (("all_reduce", 2 * s * 7 / 8), ("all_gather", s * 7 / 8), ("broadcast", s)):
+        hops = 7 * (2 if op == "all_reduce" else 1)
+        assert call_time(NODE, Call(op, s, 8)) == pytest.approx(hops * 2e-6 + bw / 450e9)
+    assert call_time(NODE, Call("all_reduce", s, 8), "tree") > call_time(NODE, Call("all_reduce", s, 8))
+
+
+def test_across_nodes_the_nics_set_the_bus_bandwidth_and_nccl_picks_ring_or_tree():
+    s, n = 4 * 2**30, 1024
+    ring = call_time(NODE, Call("all_reduce", s, n), "ring")
+    # 128 nodes: 127 network hops per pass, the rest inside nodes; bus 8 x 50 GB/s = 400 GB/s
+    assert ring == pytest.approx(2 * ((n - 1 - 127) * 2e-6 + 127 * 8e-6) + 2 * s * (n - 1) / n / 400e9)
+    tree = call_time(NODE, Call("all_reduce", s, n), "tree")
+    assert tree == pytest.approx(2 * (7 * 2e-6 + 7 * 8e-6) + 2 * s / (TREE_EFFICIENCY * 400e9))
+    assert call_time(NODE, Call("all_reduce", s, n)) == min(ring, tree) == tree  # 1024 ranks: the tree's latency wins
+    bucket = Call("all_reduce", 25 * 2**20, n)                                    # DDP's 25 MiB buckets too
+    assert call_time(NODE, bucket) == call_time(NODE, bucket, "tree") < call_time(NODE, bucket, "ring") / 2
+    two_nodes = Call("all_reduce", s, 16)                                         # few nodes, large: the ring
+    assert call_time(NODE, two_nodes) == call_time(NODE, two_nodes, "ring") < call_time(NODE, two_nodes, "tree")
+    # a hybrid replica group (one rank per node) gets one NIC's share: 8 x 50 GB/s / 8
+    replica = Call("all_reduce", s, 128, span=1024)
+    assert call_time(NODE, replica, "ring") == pytest.approx(2 * 127 * 8e-6 + 2 * s * 127 / 128 / 50e9)
+
+
+def test_calibrated_is_this_machines_one_link():
+    link = calibrated(5e-5, 1e-9)
+    n, s = 64, 2**20
+    assert call_time(link, Call("all_gather", s, n)) == pytest.approx((n - 1) * 5e-5 + s * (n - 1) / n * 1e-9)
+    assert call_time(link, Call("all_reduce", s, n)) == pytest.approx(
+        min(2 * (n - 1) * 5e-5 + 2 * s * (n - 1) / n * 1e-9, 2 * math.log2(n) * 5e-5 + 2 * s * 1e-9 / TREE_EFFICIENCY))
+
+
+def test_verdicts_follow_each_strategys_window():
+    """DDP hides behind backward only; ZeRO-1's broadcasts behind nothing; FSDP's gathers behind forward too."""
+    lay = Layout.uniform(1e9, 16, 25 * 2**20)
+    subj = Subject("1B", {s: lay for s in ("ddp", "zero1", "full_shard")}, forward_s=0.05, backward_s=0.1,
+                   memory=lambda s, n: 16e9 / (n if s == "full_shard" else 1), clusters=("dgx",))
+    rows = project([subj], [NODE], ["ddp", "zero1", "full_shard"], [8, 64], [80.0, 141.0])
+    by = {(r["strategy"], r["ranks"]): r for r in rows}
+    ddp = by["ddp", 64]
+    assert ddp["comm_forward_s"] == 0 and ddp["comm_after_s"] == 0
+    assert ddp["exposed_min_s"] == pytest.approx(max(0.0, ddp["comm_backward_s"] - 0.1))
+    zero = by["zero1", 64]
+    assert zero["comm_after_s"] > 0 and zero["exposed_min_s"] >= zero["comm_after_s"] and not zero["hides"]
+    fs = by["full_shard", 64]
+    assert fs["comm_forward_s"] > 0 and fs["hides"] == (fs["exposed_min_s"] <= HIDES * 0.15)
+    assert by["ddp", 8]["leaves_node"] is False and by["ddp", 64]["leaves_node"] is True
+    assert by["ddp", 64]["fits_80GB"] and not by["full_shard", 8]["memory_GB"] > 80
+    text = "\n".join(verdicts(rows, [80.0, 141.0]))
+    assert "zero1" in text and "never" in text and all(len(line) <= 120 for line in text.splitlines())
