@@ -1,13 +1,14 @@
-"""What recipes.compare's instrumentation costs a step: trace + wait timestamps + phase timestamps.
+"""What recipes.compare's instrumentation costs a step: the trace (bytes, completion and wait times).
 
     OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 benchmarks/compare_overhead.py
 
 The comparison's default model under ddp and full_shard (the strategy with the most collectives),
-steps alternating between plain and instrumented (minidist.comm.trace(), Work/Future waits
-recorded, phases timed), each after a barrier, so machine load hits both alike. Prints the median step time of
-each and their ratio, and a bottom-up figure that load cannot blur: the instrumentation's own
-Python work per step (per-call cost of a traced collective and a recorded wait, measured in a
-world of one, times this step's calls), as a share of the step.
+the trainer's step (minidist.compare.measure.Bench) alternating between plain and traced
+(minidist.comm.trace(): records, completion callbacks, timed waits on works and futures; phase
+edges come from the task's loss either way), each after a barrier, so machine load hits both
+alike. Prints the median step time of each and their ratio, and a bottom-up figure that load
+cannot blur: the trace's own Python work per step (per-call cost of a traced, async, waited
+collective, measured in a world of one, times this step's calls), as a share of the step.
 """
 
 from __future__ import annotations
@@ -25,29 +26,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAIRS = 16
 
 
-def _one(bench, rec, instrumented: bool, i: int) -> float:
-    """One step, plain or instrumented, after a barrier (so both ranks start together)."""
+def _one(bench, instrumented: bool) -> float:
+    """One step, plain or traced, after a barrier (so both ranks start together)."""
     from minidist import comm
-    from minidist.compare.measure import no_phase
 
-    batch = bench.batch()
     dist.barrier()
-    t0 = time.perf_counter()
     if instrumented:
-        with comm.trace(), rec.recording_waits():
-            bench.step(batch, lambda p: rec.phase(p, i))
+        with comm.trace():
+            start, end = bench.step()
     else:
-        bench.step(batch, no_phase)
-    return time.perf_counter() - t0
+        start, end = bench.step()
+    return end - start
 
 
 def per_call_cost_us() -> float:
     """Python cost of one traced, async, waited collective over an untraced one (tiny tensor, own group)."""
     from minidist import comm
-    from minidist.compare.recorder import StepRecorder
 
     group = dist.new_group([dist.get_rank()])  # a world of one inside the job: no network
-    x, rec = torch.zeros(1), StepRecorder(time.perf_counter())
+    x = torch.zeros(1)
 
     def loop(n=2000):
         t0 = time.perf_counter()
@@ -58,15 +55,14 @@ def per_call_cost_us() -> float:
     plain, traced = [], []
     for _ in range(5):
         plain.append(loop())
-        with comm.trace(), rec.recording_waits():
+        with comm.trace():
             traced.append(loop())
     return statistics.median(traced) - statistics.median(plain)
 
 
 def main() -> None:
     from minidist import comm, runtime
-    from minidist.compare.measure import Bench, no_phase
-    from minidist.compare.recorder import StepRecorder
+    from minidist.compare.measure import Bench
     from minidist.train.data import build_datasets
     from recipes.compare import compose
 
@@ -76,18 +72,17 @@ def main() -> None:
         extra_us = per_call_cost_us()
         for name in ("ddp", "full_shard"):
             bench = Bench(cfg, cfg.strategy_options[name], topo, train_ds)
-            rec = StepRecorder(time.perf_counter())
             for i in range(2):
-                _one(bench, rec, bool(i), i)
+                _one(bench, bool(i))
             plain, traced = [], []
             for i in range(PAIRS):  # alternate step by step; which goes first alternates too
                 first = i % 2 == 0
-                a = _one(bench, rec, not first, i)
-                b = _one(bench, rec, first, i)
+                a = _one(bench, not first)
+                b = _one(bench, first)
                 plain.append(b if first else a)
                 traced.append(a if first else b)
             with comm.trace() as tr:
-                bench.step(bench.batch(), no_phase)
+                bench.step()
             calls = len(tr.records)
             p, t = statistics.median(plain), statistics.median(traced)
             ratio = statistics.median(x / y for x, y in zip(traced, plain))

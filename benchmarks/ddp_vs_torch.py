@@ -24,8 +24,9 @@ Columns:
   comm     the all_reduce time of all buckets alone (blocking, back to back)
   exposed  step time minus the same step under no_sync (communication skipped), median of
            the paired differences
-  hidden   1 - exposed / comm: the share of the all_reduce that the backward hides, minidist's
-           then torch's (goal: >= torch's, and >= 90% where the backward compute >= comm)
+  hidden   minidist.comm.hidden_share(exposed, comm) = 1 - exposed / comm (the one definition,
+           minidist/comm/trace.py): the share of the all_reduce that the backward hides,
+           minidist's then torch's (goal: >= torch's, and >= 90% where the backward compute >= comm)
   host+    main-thread CPU time that synchronising adds to a step (thread time, synced step
            minus no_sync step, medians), minidist's then torch's: copies, scaling, launches,
            hooks. With a sleeping backward this host work sits on the critical path and no
@@ -171,8 +172,8 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
              n_buckets=len(ours.reducer.buckets),
              n_buckets_torch=theirs._get_ddp_logging_data().get("num_buckets_reduced", -1))
     for name, suffix in (("ours", ""), ("torch", "_torch")):
-        exposed = max(0.0, paired(name, "wall"))
-        r.update({"exposed" + suffix: exposed, "hidden" + suffix: 1 - exposed / comm_med,
+        exposed = paired(name, "wall")
+        r.update({"exposed" + suffix: exposed, "hidden" + suffix: comm.hidden_share(exposed, comm_med),
                   "host" + suffix: statistics.median(s.host for s in steps[name])
                   - statistics.median(s.host for s in steps[name + "_nosync"]),
                   "during" + suffix: paired(name, "during"),
@@ -231,7 +232,8 @@ def main() -> None:
                     print(_row(r), flush=True)
         if topo.is_main:
             print(f"\nstep-time ratio minidist/torch, median over all rows: {statistics.median(ratios):.2f}")
-            print("compute = the step under no_sync (no communication); hidden = 1 - exposed / comm")
+            print("compute = the step under no_sync (no communication); hidden = 1 - exposed / comm "
+                  "(minidist.comm.hidden_share)")
 
 
 if __name__ == "__main__":

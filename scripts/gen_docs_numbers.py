@@ -17,6 +17,7 @@ import argparse
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -78,6 +79,19 @@ def write(name: str, text: str) -> None:
     print(f"wrote docs/generated/{name}.md")
 
 
+def write_compare(command: str, output: str, cond: str) -> None:
+    """The comparison as its page shows it: the tables rendered (table.md), the projection's verdicts,
+    and the three charts the command wrote, copied beside the snippet (docs/generated/compare_*.png)."""
+    run_dir = ROOT / "outputs" / "docs-compare"
+    table = (run_dir / "table.md").read_text().split("\n", 2)[2]  # without its "# ..." title
+    verdicts = output[output.index("projection ("):output.index("outputs in ")].strip("\n")
+    write("compare", f"```console\n$ OMP_NUM_THREADS=1 .venv/bin/{command}\n```\n\n{table.strip()}\n\n"
+                     f"```text\n{verdicts}\n```\n\n<small>{cond}</small>\n")
+    for png in ("comparison", "timeline", "projection"):
+        shutil.copyfile(run_dir / f"{png}.png", OUT / f"compare_{png}.png")
+        print(f"wrote docs/generated/compare_{png}.png")
+
+
 def split_lessons(output: str) -> dict[str, str]:
     """`-m recipes.lessons --all` output -> {lesson name: its section}."""
     parts = re.split(r"^(?=== lesson \d+: )", output.strip("\n"), flags=re.M)
@@ -120,6 +134,8 @@ def main() -> None:
             claims = [line for line in output.splitlines() if line.startswith("claim: ")]
             write("lesson_claims", "\n".join(f"{i + 1}. `{n}`: {c.removeprefix('claim: ')}"
                                              for i, (n, c) in enumerate(zip(LESSONS, claims))) + f"\n\n<small>{cond}</small>\n")
+        elif name == "compare":
+            write_compare(command, output, cond)
         else:
             write(name, snippet(command, output, cond))
 

@@ -50,10 +50,12 @@ On CUDA the future is the backend's own (a wait there orders a stream; the host 
              (arrivals), so the wait for the slowest peer is not counted as transfer
 
 HIDDEN, the one definition (hidden_share): the share of a step's communication time that compute
-hid, 1 - exposed / comm, where exposed = the step's time minus the same step without
-communication (measured, not derived), and comm = the step's collectives run alone, one at a
-time. No engine internals are needed, so it applies to PyTorch's engines as to minidist's
-(benchmarks/ddp_vs_torch.py, benchmarks/fsdp_vs_torch.py, minidist.compare).
+hid, 1 - exposed / comm, where exposed = the step's time minus the same step's without
+communication (both measured: under no_sync, or the plain model; never derived from the trace),
+and comm = the step's collectives run alone, one at a time. No engine internals are needed, so
+it applies to PyTorch's engines as to minidist's (benchmarks/ddp_vs_torch.py,
+benchmarks/fsdp_vs_torch.py, minidist.compare). The trace's own waits say how long the caller
+was blocked; that is not "hidden" and is never called so.
 
 When no trace is active the only cost per collective is one truthiness test of a module-level
 list (see benchmarks/trace_overhead.py).
@@ -105,12 +107,16 @@ def backend_bytes(op: str, algorithm: str, backend: str, payload: int, world: in
     return op, ring_bytes_sent(op, payload, world, is_root=is_root)
 
 
-def hidden_share(step_s: float, no_comm_step_s: float, comm_alone_s: float) -> float | None:
-    """1 - exposed / comm: the share of communication compute hid (module docstring). May be < 0
-    (the engine's own host work counts as exposed); None without communication."""
+def hidden_share(exposed_s: float, comm_alone_s: float) -> float | None:
+    """1 - exposed / comm: the share of communication compute hid (module docstring).
+
+    exposed_s: the step's time minus the same step's without communication (a difference of
+    medians, or the median of paired differences); comm_alone_s: the step's collectives alone.
+    May be < 0 (the engine's own host work counts as exposed); None without communication.
+    """
     if comm_alone_s <= 0:
         return None
-    return 1.0 - (step_s - no_comm_step_s) / comm_alone_s
+    return 1.0 - exposed_s / comm_alone_s
 
 
 @dataclass(slots=True)

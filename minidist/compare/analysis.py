@@ -17,7 +17,7 @@ the slowest rank's):
     overhead   step - baseline: what the strategy adds (exposed communication and engine work)
     alone      the step's collectives alone (replay.py): per call the median of its repeats,
                summed; the mean over ranks (nccl-tests' default)
-    hidden     minidist.comm.trace.hidden_share(step, baseline, alone): the one definition
+    hidden     minidist.comm.trace.hidden_share(overhead, alone): the one definition
     predicted  the alpha-beta ring prediction (calibrated alpha, beta) of the collectives the
                backend runs, and its error against `alone`
     blocked    main-thread time inside collective calls and waits (the trace; not "hidden")
@@ -99,7 +99,7 @@ def _time(raws: list[dict], alone: dict) -> dict:
     step = spread(_step_times([r["steps"] for r in raws]))
     base = spread(_step_times([r["baseline"]["steps"] for r in raws]))
     out = {"step": step, "baseline": base, "overhead": step["median"] - base["median"], "alone": alone["seconds"],
-           "hidden": hidden_share(step["median"], base["median"], alone["seconds"]),
+           "hidden": hidden_share(step["median"] - base["median"], alone["seconds"]),
            "predicted": alone["predicted"], "predicted_error": alone["error"],
            "blocked": statistics.mean(_blocked(r) for r in raws)}
     phases: dict[str, list[float]] = defaultdict(list)

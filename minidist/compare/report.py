@@ -61,8 +61,8 @@ COMMUNICATION: list[Column] = [
     ("wire MB", lambda r, d: _mb(r["bytes"]["wire"])),
     ("kernel MB", lambda r, d: _mb(r["bytes"]["kernel"])),
     ("kernel/wire", lambda r, d: _pct(r["bytes"]["kernel_error"])),
-    ("formula MB", lambda r, d: _mb(r["bytes"]["formula"])),
-    ("closed form", lambda r, d: r["closed_form"]),
+    ("analytic MB", lambda r, d: _mb(r["bytes"]["formula"])),
+    ("formula", lambda r, d: r["closed_form"]),
     ("x DDP", lambda r, d: f"{r['bytes']['trace'] / d:.2f}" if d else "-"),
 ]
 TIME: list[Column] = [
@@ -101,8 +101,9 @@ LEGENDS = {
         "counts (ring model; a broadcast is sent by N-1 of N ranks, S(N-1)/N on average); wire: for the collective "
         "the backend really runs (gloo's own reduce_scatter is an all_reduce); kernel: what the kernel counted this "
         "process writing (/proc/self/io, gloo only: NCCL's bytes are not measured); kernel/wire: their difference "
-        "(gloo's message headers); formula: the textbook formulas applied call by call to the model (padding "
-        "included); closed form: S parameter bytes, G shard group, R replicas; x DDP: trace bytes over DDP's.",
+        "(gloo's message headers); analytic: the textbook formulas applied call by call to the model (padding "
+        "included); formula: their closed form (S parameter bytes, G shard group, R replicas); x DDP: trace "
+        "bytes over DDP's.",
     "time per step (median [interquartile range] of the measured steps)":
         "step: the trainer's step, the slowest rank; plain: the same step of the plain model (no wrapper, no "
         "communication); overhead: step - plain; alone: the step's collectives run alone, one at a time; hidden: "
