@@ -22,16 +22,16 @@ Columns:
   ratio    median minidist step / median torch step (goal <= 1.00); an even number of
            repeats, so that each engine goes first equally often
   comm     the all_reduce time of all buckets alone (blocking, back to back)
-  exposed  step time minus the same step under no_sync (communication skipped), median of
+  overhead step time minus the same step under no_sync (communication skipped), median of
            the paired differences
-  hidden   minidist.comm.hidden_share(exposed, comm) = 1 - exposed / comm (the one definition,
+  hidden   minidist.comm.hidden_share(overhead, comm) = 1 - overhead / comm (the one definition,
            minidist/comm/trace.py): the share of the all_reduce that the backward hides,
            minidist's then torch's (goal: >= torch's, and >= 90% where the backward compute >= comm)
   host+    main-thread CPU time that synchronising adds to a step (thread time, synced step
            minus no_sync step, medians), minidist's then torch's: copies, scaling, launches,
            hooks. With a sleeping backward this host work sits on the critical path and no
            overlap can hide it; it moves much less than wall time when the machine is loaded.
-  during+  where the exposed time goes, part 1: the time from the start of backward to the
+  during+  where the overhead goes, part 1: the time from the start of backward to the
            last gradient computed (the input layer's weight), synced minus no_sync (paired):
            host work in the hooks, and compute slowed by communication threads sharing the cores
   after    part 2: from that gradient to the end of backward (synced steps): the last
@@ -172,8 +172,8 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
              n_buckets=len(ours.reducer.buckets),
              n_buckets_torch=theirs._get_ddp_logging_data().get("num_buckets_reduced", -1))
     for name, suffix in (("ours", ""), ("torch", "_torch")):
-        exposed = paired(name, "wall")
-        r.update({"exposed" + suffix: exposed, "hidden" + suffix: comm.hidden_share(exposed, comm_med),
+        overhead = paired(name, "wall")
+        r.update({"overhead" + suffix: overhead, "hidden" + suffix: comm.hidden_share(overhead, comm_med),
                   "host" + suffix: statistics.median(s.host for s in steps[name])
                   - statistics.median(s.host for s in steps[name + "_nosync"]),
                   "during" + suffix: paired(name, "during"),
@@ -182,7 +182,7 @@ def measure(args, bucket_mb: float, sleep_ms: float, rank: int) -> dict:
 
 
 
-_PAIRS = (("exposed ms", "exposed", 1e3, ".1f"), ("hidden", "hidden", 1, ".0%"), ("host+ ms", "host", 1e3, ".1f"),
+_PAIRS = (("overhead ms", "overhead", 1e3, ".1f"), ("hidden", "hidden", 1, ".0%"), ("host+ ms", "host", 1e3, ".1f"),
           ("during+ ms", "during", 1e3, ".1f"), ("after ms", "after", 1e3, ".1f"))
 
 
@@ -232,7 +232,7 @@ def main() -> None:
                     print(_row(r), flush=True)
         if topo.is_main:
             print(f"\nstep-time ratio minidist/torch, median over all rows: {statistics.median(ratios):.2f}")
-            print("compute = the step under no_sync (no communication); hidden = 1 - exposed / comm "
+            print("compute = the step under no_sync (no communication); hidden = 1 - overhead / comm "
                   "(minidist.comm.hidden_share)")
 
 

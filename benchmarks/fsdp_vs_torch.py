@@ -22,7 +22,7 @@ Mode "overlap": units are layers whose forward and backward sleep (emulated acce
 compute that leaves the CPU free, as PyTorch's own FSDP tests inject delays). Per round,
 one forward + backward each of: the plain module (compute only), FSDP, FSDP without
 prefetch, FSDP2; and each engine's collectives alone, blocking, back to back (`comm`).
-exposed = engine time - plain time (paired per round, median), hidden = 1 - exposed/comm
+overhead = engine time - plain time (paired per round, median), hidden = 1 - overhead/comm
 (minidist.comm.hidden_share, the one definition). The main thread's time blocked in collective
 calls and waits is printed beside it, and is not called hidden.
 
@@ -360,31 +360,31 @@ def overlap(rounds: int) -> None:
         times["comm torch"].append(_comm_time(sizes, torch_native=True))
     times = {e: t[2:] for e, t in times.items()}
     med = {e: reduce_max(statistics.median(t)) for e, t in times.items()}
-    exposed = {e: reduce_max(statistics.median(a - b for a, b in zip(times[e], times["plain"])))
-               for e in names[1:]}
+    overhead = {e: reduce_max(statistics.median(a - b for a, b in zip(times[e], times["plain"])))
+                for e in names[1:]}
     waited = {e: [reduce_max(statistics.median(b[k] for b in blocked[e][2:])) for k in range(4)] for e in names[1:]}
     if dist.get_rank() == 0:
-        _print_overlap(width, depth, seconds, rounds, med, exposed, waited)
+        _print_overlap(width, depth, seconds, rounds, med, overhead, waited)
 
 
-def _print_overlap(width, depth, seconds, rounds, med, exposed, waited) -> None:
+def _print_overlap(width, depth, seconds, rounds, med, overhead, waited) -> None:
     print(f"{depth} layers of {width}x{width}, {seconds * 1e3:.0f} ms forward + {2 * seconds * 1e3:.0f} ms "
           f"backward sleep each, world {dist.get_world_size()}, forward + backward timed, median of {rounds} rounds")
     print(f"  plain module (compute only) {med['plain'] * 1e3:.1f} ms; one step's collectives alone, back to "
           f"back: minidist {med['comm'] * 1e3:.1f} ms, torch {med['comm torch'] * 1e3:.1f} ms")
-    print("  exposed: step - plain step (also charges the engine's own CPU work: copies, hooks);\n"
-          "  hidden = 1 - exposed / comm (minidist.comm.hidden_share);\n"
+    print("  overhead: step - plain step (also charges the engine's own CPU work: copies, hooks);\n"
+          "  hidden = 1 - overhead / comm (minidist.comm.hidden_share);\n"
           "  blocked: main thread inside a collective's issue or wait (minidist.comm.trace; torch's calls timed),\n"
           "    with the first all_gather's and the last reduce_scatter's share (nothing can hide those), and\n"
           "    less the time spent waiting for a rank that issued the collective later (load imbalance)")
-    print(f"  {'engine':<17} {'fwd+bwd ms':>10} {'exposed ms':>10} {'hidden':>7} {'blocked ms':>10} {'first':>6} "
+    print(f"  {'engine':<17} {'fwd+bwd ms':>10} {'overhead ms':>11} {'hidden':>7} {'blocked ms':>10} {'first':>6} "
           f"{'last':>6} {'less late':>9}")
     hidden = {}
     for e in ("fsdp", "fsdp no prefetch", "fsdp2"):
         c = med["comm torch" if e == "fsdp2" else "comm"]
         b, first, last, own = waited[e]
-        hidden[e] = comm.hidden_share(exposed[e], c)
-        print(f"  {e:<17} {med[e] * 1e3:10.1f} {exposed[e] * 1e3:10.1f} {hidden[e]:7.1%} {b * 1e3:10.1f} "
+        hidden[e] = comm.hidden_share(overhead[e], c)
+        print(f"  {e:<17} {med[e] * 1e3:10.1f} {overhead[e] * 1e3:11.1f} {hidden[e]:7.1%} {b * 1e3:10.1f} "
               f"{first * 1e3:6.1f} {last * 1e3:6.1f} {own * 1e3:9.1f}")
     print("hidden share: " + ", ".join(f"{label} {hidden[e]:.1%}" for label, e in (("FSDP", "fsdp"),
                                                                                     ("FSDP2 (torch)", "fsdp2")))

@@ -84,7 +84,7 @@ def write_compare(command: str, output: str, cond: str) -> None:
     and the three charts the command wrote, copied beside the snippet (docs/generated/compare_*.png)."""
     run_dir = ROOT / "outputs" / "docs-compare"
     table = (run_dir / "table.md").read_text().split("\n", 2)[2]  # without its "# ..." title
-    verdicts = output[output.index("projection ("):output.index("outputs in ")].strip("\n")
+    verdicts = output[output.index("projection: "):output.index("outputs in ")].strip("\n")
     write("compare", f"```console\n$ OMP_NUM_THREADS=1 .venv/bin/{command}\n```\n\n{table.strip()}\n\n"
                      f"```text\n{verdicts}\n```\n\n<small>{cond}</small>\n")
     for png in ("comparison", "timeline", "projection"):

@@ -22,15 +22,12 @@ rank sends under the ring model (sent_bytes), N ranks:
 
 Why a mean for broadcast and reduce: who sends how much depends on the algorithm (gloo's
 broadcast is a binomial tree: the root sends 2S at N = 4), but every algorithm delivers S to
-N-1 ranks, so the bytes of all ranks add up to S (N-1) and their mean does not depend on it.
-So summed over ranks (or averaged) the trace equals what the kernel counts; per rank it may not.
-
-What the backend really sends can differ from the logical collective, and is recorded beside it
-(wire_op, wire_bytes): gloo's own reduce_scatter is an all_reduce inside, 2 S (N-1)/N
-(minidist.comm.ring's reduce_scatter sends exactly S (N-1)/N; `algorithm` says which ran);
-gloo's reduce is a ring reduce_scatter then a gather to the root, S (N-1)/N + S (N-1)/N^2 on
-average. Checked against the kernel's byte counters in tests/comm/test_kernel_io.py and
-tests/compare/test_kernel_bytes.py.
+N-1 ranks, so all ranks' bytes add up to S (N-1) whatever it is: summed or averaged over ranks
+the trace equals what the kernel counts; rank by rank it may not. What the backend really sends
+is recorded beside (wire_op, wire_bytes): gloo's own reduce_scatter is an all_reduce inside,
+2 S (N-1)/N (minidist.comm.ring's sends S (N-1)/N; `algorithm` says which ran); gloo's reduce is
+a ring reduce_scatter then a gather to the root, S (N-1)/N + S (N-1)/N^2 on average. Checked
+against the kernel's byte counters: tests/comm/test_kernel_io.py, tests/compare/test_kernel_bytes.py.
 
 Times (time.perf_counter(), seconds). Each record has issued_s (the call began), launched_s (it
 returned: for an async call, what issuing cost the caller), completed_s (the work finished: its
@@ -50,12 +47,12 @@ On CUDA the future is the backend's own (a wait there orders a stream; the host 
              (arrivals), so the wait for the slowest peer is not counted as transfer
 
 HIDDEN, the one definition (hidden_share): the share of a step's communication time that compute
-hid, 1 - exposed / comm, where exposed = the step's time minus the same step's without
+hid, 1 - overhead / comm, where overhead = the step's time minus the same step's without
 communication (both measured: under no_sync, or the plain model; never derived from the trace),
 and comm = the step's collectives run alone, one at a time. No engine internals are needed, so
 it applies to PyTorch's engines as to minidist's (benchmarks/ddp_vs_torch.py,
-benchmarks/fsdp_vs_torch.py, minidist.compare). The trace's own waits say how long the caller
-was blocked; that is not "hidden" and is never called so.
+benchmarks/fsdp_vs_torch.py, minidist.compare). The trace's waits say how long the caller was
+blocked (Record.exposed_s); that is not "hidden" and is never called so.
 
 When no trace is active the only cost per collective is one truthiness test of a module-level
 list (see benchmarks/trace_overhead.py).
@@ -107,16 +104,16 @@ def backend_bytes(op: str, algorithm: str, backend: str, payload: int, world: in
     return op, ring_bytes_sent(op, payload, world, is_root=is_root)
 
 
-def hidden_share(exposed_s: float, comm_alone_s: float) -> float | None:
-    """1 - exposed / comm: the share of communication compute hid (module docstring).
+def hidden_share(overhead_s: float, comm_alone_s: float) -> float | None:
+    """1 - overhead / comm: the share of communication compute hid (module docstring).
 
-    exposed_s: the step's time minus the same step's without communication (a difference of
+    overhead_s: the step's time minus the same step's without communication (a difference of
     medians, or the median of paired differences); comm_alone_s: the step's collectives alone.
-    May be < 0 (the engine's own host work counts as exposed); None without communication.
+    May be < 0 (the engine's own host work counts as overhead); None without communication.
     """
     if comm_alone_s <= 0:
         return None
-    return 1.0 - exposed_s / comm_alone_s
+    return 1.0 - overhead_s / comm_alone_s
 
 
 @dataclass(slots=True)
@@ -220,13 +217,6 @@ class Trace:
             out[i] = max(0.0, r.completed_s - start)
             done[r.group] = max(done.get(r.group, r.completed_s), r.completed_s)
         return out
-
-    def blocked(self, thread: int | None = None) -> list[tuple[float, float]]:
-        """Intervals the caller (`thread`, default: the one that issued) was blocked by communication:
-        issuing calls, synchronous collectives, waits."""
-        out = [(r.issued_s, r.launched_s if r.async_op else r.completed_s) for r in self.records
-               if r.launched_s is not None and r.completed_s is not None]
-        return out + [(a, b) for a, b, t in self.waits if thread is None or t == thread]
 
     def totals(self, by_algorithm: bool = False) -> dict:
         """Per op (or per (op, algorithm)): calls, payload, sent and wire bytes, summed times."""

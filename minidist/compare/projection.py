@@ -76,6 +76,8 @@ class Subject:
     """(strategy, ranks) -> bytes per rank; None: not applicable (this machine's CPU)."""
     clusters: tuple[str, ...] = ()
     """Names of the clusters it is projected on."""
+    shard_size: int | None = None
+    """hybrid_shard's shard group; None: a node (the cluster's GPUs per node)."""
 
 
 def calibrated(alpha_s: float, beta_s: float) -> Cluster:
@@ -126,47 +128,45 @@ def project(subjects: list[Subject], clusters: list[Cluster], strategies: list[s
     for subj in subjects:
         for c in (by_name[n] for n in subj.clusters if n in by_name):
             for strategy in strategies:
-                for n in ranks:
-                    shard = min(c.gpus_per_node, n) if strategy == "hybrid_shard" else None
-                    calls = plan(strategy, subj.layouts[strategy], n, shard)
-                    t = step_comm(c, calls)
-                    ring = sum(step_comm(c, calls, "ring").values())
-                    exposed = (max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s)
-                               + t["after"])
-                    mem = subj.memory(strategy, n) if subj.memory else None
-                    rows.append({"model": subj.name, "cluster": c.name, "strategy": strategy, "ranks": n,
-                                 "comm_s": sum(t.values()), "comm_ring_s": ring, **{f"comm_{k}_s": v for k, v in t.items()},
-                                 "forward_s": subj.forward_s, "backward_s": subj.backward_s, "exposed_min_s": exposed,
-                                 "hides": exposed <= HIDES * (subj.forward_s + subj.backward_s), "leaves_node": any(_place(c, x)[0] > 1 for x in calls),
-                                 "memory_GB": None if mem is None else mem / 1e9,
-                                 **{f"fits_{g:g}GB": None if mem is None else mem / 1e9 <= g for g in devices_GB}})
+                rows += [_row(subj, c, strategy, n, devices_GB) for n in ranks]
     return rows
 
 
+def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[float]) -> dict:
+    shard = min(subj.shard_size or c.gpus_per_node, n) if strategy == "hybrid_shard" else None
+    calls = plan(strategy, subj.layouts[strategy], n, shard)
+    t = step_comm(c, calls)
+    exposed = max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s) + t["after"]
+    mem = subj.memory(strategy, n) if subj.memory else None
+    return {"model": subj.name, "cluster": c.name, "strategy": strategy, "ranks": n, "comm_s": sum(t.values()),
+            "comm_ring_s": sum(step_comm(c, calls, "ring").values()), **{f"comm_{k}_s": v for k, v in t.items()},
+            "forward_s": subj.forward_s, "backward_s": subj.backward_s, "exposed_min_s": exposed,
+            "hides": exposed <= HIDES * (subj.forward_s + subj.backward_s),
+            "leaves_node": any(_place(c, x)[0] > 1 for x in calls), "memory_GB": None if mem is None else mem / 1e9,
+            **{f"fits_{g:g}GB": None if mem is None else mem / 1e9 <= g for g in devices_GB}}
+
+
 def verdicts(rows: list[dict], devices_GB: list[float]) -> list[str]:
-    """A short table per (model, cluster): where each strategy stops hiding, and whether it fits."""
+    """A short table per (model, cluster): where each strategy stops hiding, and from where it fits."""
     out = []
     for model, cluster in dict.fromkeys((r["model"], r["cluster"]) for r in rows):
         mine = [r for r in rows if (r["model"], r["cluster"]) == (model, cluster)]
-        top = max(r["ranks"] for r in mine)
+        top, mem = max(r["ranks"] for r in mine), mine[0]["memory_GB"] is not None
         head = f"  {'strategy':<14}{'hides up to':>12}{'comm ms @' + str(top):>15}{'exposed >= ms':>15}"
-        mem = mine[0]["memory_GB"] is not None
         if mem:
             head += f"{'GB/rank @' + str(top):>14}  fits " + "/".join(f"{g:g}" for g in devices_GB) + " GB from"
-        lines = [head]
+        lines = [f"{model} on {cluster}:", head]
         for strategy in dict.fromkeys(r["strategy"] for r in mine):
             rs = [r for r in mine if r["strategy"] == strategy]
-            ok = [r["ranks"] for r in rs if r["hides"]]
-            last = rs[-1]
-            hides = "never" if not ok else f"{max(ok)}" + ("" if max(ok) == top else "")
-            line = f"  {strategy:<14}{hides:>12}{last['comm_s'] * 1e3:>15.1f}{last['exposed_min_s'] * 1e3:>15.1f}"
+            ok, last = [r["ranks"] for r in rs if r["hides"]], rs[-1]
+            line = (f"  {strategy:<14}{(str(max(ok)) if ok else 'never'):>12}{last['comm_s'] * 1e3:>15.1f}"
+                    f"{last['exposed_min_s'] * 1e3:>15.1f}")
             if mem:
-                fits = ["-" if not any(r[f"fits_{g:g}GB"] for r in rs) else str(min(r["ranks"] for r in rs if r[f"fits_{g:g}GB"]))
-                        for g in devices_GB]
+                fits = [next((str(r["ranks"]) for r in rs if r[f"fits_{g:g}GB"]), "-") for g in devices_GB]
                 line += f"{last['memory_GB']:>14.1f}  {'/'.join(fits)}"
             lines.append(line)
-        out.append((model, cluster, lines))
-    return [f"{m} on {c}:\n" + "\n".join(lines) for m, c, lines in out]
+        out.append("\n".join(lines))
+    return out
 
 
 def draw_png(rows: list[dict], clusters: list[Cluster], path: Path, devices_GB: list[float]) -> Path:

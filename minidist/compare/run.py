@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
               f"{r0['world']}, {r0['backend']} on {r0['device']}, batch {cfg.trainer.batch_size} per rank, {cfg.steps} "
               f"measured steps after {cfg.warmup_steps} warm-up; calibrated alpha {cost.alpha * 1e6:.1f} us, beta "
               f"{cost.beta * 1e9:.3f} ns/B ({1 / cost.beta / 1e9 if cost.beta else float('inf'):.2f} GB/s); memory "
-              f"peak: {instrument}")
+              f"peak: {instrument}.")
     raws = [raw for raws in per_strategy for raw in raws]
     (run_dir / "timeline.json").write_text(json.dumps(timeline.chrome_trace(raws)))
     proj_rows, clusters = _projection(cfg, rows, per_strategy, prof, layout, cost)
@@ -105,10 +106,13 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     files += [plots.draw_comparison(rows, run_dir / "comparison.png", header.splitlines()[-1]),
               run_dir / "timeline.json", timeline.draw_png(raws, run_dir / "timeline.png"),
               run_dir / "projection.csv", projection.draw_png(proj_rows, clusters, run_dir / "projection.png", devices)]
-    print(header.replace("# ", "") + "\n\n" + rep.terminal(rows, ddp_bytes) + "\n\nprojection (NCCL's ring or tree per "
-          "call; exposed >= what compute cannot hide: forward calls behind forward, backward calls behind backward, "
-          "ZeRO-1's exchange behind nothing):\n" + "\n".join(projection.verdicts(proj_rows, devices))
-          + "\n\noutputs in " + str(run_dir) + ": " + ", ".join(f.name for f in files), flush=True)
+    wrap = lambda text: "\n".join(textwrap.wrap(text, 120))  # noqa: E731
+    print("\n\n".join([wrap(header.splitlines()[0].lstrip("# ")), wrap(header.splitlines()[-1]),
+                       rep.terminal(rows, ddp_bytes),
+                       wrap("projection: per call NCCL's ring or tree; exposed >= what compute cannot hide (forward "
+                            "calls behind forward, backward calls behind backward, ZeRO-1's exchange behind nothing):")
+                       + "\n" + "\n".join(projection.verdicts(proj_rows, devices)),
+                       wrap(f"outputs in {run_dir}: " + ", ".join(f.name for f in files))]), flush=True)
     return {"rows": rows, "run_dir": str(run_dir), "projection": proj_rows}
 
 
@@ -120,8 +124,10 @@ def _projection(cfg, rows: list[dict], per_strategy, prof: StepProfile, layout: 
     buckets = tuple(ddp_raw["bucket_numels"]) if ddp_raw else layout.bucket_numels
     here = Layout(layout.param_numels, layout.unit_numels, buckets, layout.itemsize)
     names = list(cfg.strategies)
+    hybrid = next((raws[0]["mesh"]["shape"][-1] for raws in per_strategy if raws[0]["strategy"] == "hybrid_shard"), None)
     measured = projection.Subject(f"{layout.psi / 1e6:.1f}M (this machine)", {s: here for s in names},
-                                  phases.get("forward", 0.0), phases.get("backward", 0.0), None, ("calibrated",))
+                                  phases.get("forward", 0.0), phases.get("backward", 0.0), None, ("calibrated",),
+                                  hybrid or per_strategy[0][0]["world"])
     compute = 6 * p.params * p.tokens_per_rank / p.flops_per_s
     node = next(iter(p.clusters.values())).gpus_per_node if p.clusters else 8  # hybrid_shard's group: a node
     big = projection.Subject(

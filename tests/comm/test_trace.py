@@ -140,6 +140,6 @@ def test_waits_on_futures_are_recorded_and_futures_compose(run_dist):
 
 
 def test_hidden_share_is_one_definition():
-    assert comm.hidden_share(exposed_s=1.2 - 1.0, comm_alone_s=0.8) == pytest.approx(0.75)
+    assert comm.hidden_share(overhead_s=1.2 - 1.0, comm_alone_s=0.8) == pytest.approx(0.75)
     assert comm.hidden_share(0.0, 0.5) == 1.0 and comm.hidden_share(1.0, 0.5) == -1.0  # all hidden; more than comm
     assert comm.hidden_share(0.1, 0.0) is None

@@ -149,3 +149,20 @@ def body_ledger_allocates_nothing(overrides: list[str]) -> tuple[bool, int, int]
 def test_the_ledger_allocates_nothing_the_step_would_not(run_dist):
     for unallocated, peak, buckets in run_dist(2, body_ledger_allocates_nothing, TINY):
         assert unallocated and peak > 0 and buckets >= 1
+
+
+def test_the_whole_report_fits_120_columns_and_writes_every_file(run_dist, tmp_path, capsys):
+    from minidist.compare.run import report
+    cfg, _, per_strategy, _ = compare_rows(run_dist, 2, WORLD_2, STRATEGIES)
+    result = report(cfg, tmp_path, per_strategy, CostModel(1e-4, 1e-9))
+    printed = capsys.readouterr().out
+    assert all(len(line) <= 120 for line in printed.splitlines()), max(printed.splitlines(), key=len)
+    for name in ("table.md", "table.csv", "results.json", "comparison.png", "timeline.json", "timeline.png",
+                 "projection.csv", "projection.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    table = (tmp_path / "table.md").read_text()
+    assert table.count("| strategy |") == 4 and "this is full_shard" in table
+    proj = result["projection"]
+    assert {r["cluster"] for r in proj} == {"calibrated", *cfg.projection.clusters}
+    assert all(r["memory_GB"] is None for r in proj if r["cluster"] == "calibrated")  # this machine: no device
+    assert "zero1" in printed and "fits 80/141 GB from" in printed
