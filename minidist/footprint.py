@@ -10,7 +10,7 @@ tensors without touching them:
 
 minidist/ddp/footprint.py implements it for DDP. ZeRO-1 and FSDP: minidist/compare/footprints.py,
 written from the outside against today's engines, to move into minidist/zero and minidist/fsdp
-(their owners keep them true when a schedule changes; tests/compare/test_memory_validation.py
+(their owners keep them true when a schedule changes; tests/compare/test_measure.py
 compares every estimate with torch's allocator events, so a stale one fails there).
 
 An instant (At) is named the way a profile of the plain model can find it: the phase, and

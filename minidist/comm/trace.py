@@ -185,6 +185,30 @@ def arrivals(issued_by_rank: Sequence[Sequence[tuple[str, float]]]) -> list[list
     return [[latest[k] for k in mine] for mine in keys]
 
 
+def wire_times(records: Sequence[tuple[str, float, float | None]],
+               arrived: Sequence[float] | None = None) -> list[float | None]:
+    """Per (group, issued, completed) record, the estimated seconds its bytes were on the wire.
+
+    A group runs its collectives in order (one NCCL stream; gloo's queue; one ring lane), so a
+    collective starts moving bytes when the last member issued it (`arrived`, from arrivals();
+    default: this rank's issue) or when the previous one of its group completed, whichever is
+    later. This drops the compute an async collective overlapped, the time it queued behind its
+    predecessor and, with `arrived`, the wait for a late peer. Where gloo runs two of a group's
+    collectives at once (it has 2 threads) it under-counts the later one. None: not completed.
+    """
+    arrived = arrived or [issued for _, issued, _ in records]
+    out: list[float | None] = [None] * len(records)
+    done: dict[str, float] = {}
+    for i in sorted(range(len(records)), key=lambda j: records[j][1]):
+        group, issued, completed = records[i]
+        if completed is None:
+            continue
+        start = max(issued, arrived[i], done.get(group, issued))
+        out[i] = max(0.0, completed - start)
+        done[group] = max(done.get(group, completed), completed)
+    return out
+
+
 @dataclass
 class Trace:
     """The records of one `with trace():` block, on this rank, and the waits on them."""
@@ -197,26 +221,8 @@ class Trace:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def wire_times(self, arrived: Sequence[float] | None = None) -> list[float | None]:
-        """Per record, the estimated seconds its bytes were on the wire (None: not completed).
-
-        A group runs its collectives in order (one NCCL stream; gloo's queue; one ring lane), so
-        a collective starts moving bytes when the last member issued it (`arrived`, from
-        arrivals(); default: this rank's issue) or when the previous one of its group completed,
-        whichever is later. This drops the compute an async collective overlapped, the time it
-        queued behind its predecessor and, with `arrived`, the wait for a late peer. Where gloo
-        runs two of a group's collectives at once (it has 2 threads) it under-counts the later one.
-        """
-        arrived = arrived or [r.issued_s for r in self.records]
-        out: list[float | None] = [None] * len(self.records)
-        done: dict[str, float] = {}
-        for i in sorted(range(len(self.records)), key=lambda j: self.records[j].issued_s):
-            r = self.records[i]
-            if r.completed_s is None:
-                continue
-            start = max(r.issued_s, arrived[i], done.get(r.group, r.issued_s))
-            out[i] = max(0.0, r.completed_s - start)
-            done[r.group] = max(done.get(r.group, r.completed_s), r.completed_s)
-        return out
+        """Per record, the estimated seconds its bytes were on the wire (None: not completed): wire_times()."""
+        return wire_times([(r.group, r.issued_s, r.completed_s) for r in self.records], arrived)
 
     def totals(self, by_algorithm: bool = False) -> dict:
         """Per op (or per (op, algorithm)): calls, payload, sent and wire bytes, summed times."""

@@ -21,6 +21,9 @@ the slowest rank's):
     predicted  the alpha-beta ring prediction (calibrated alpha, beta) of the collectives the
                backend runs, and its error against `alone`
     blocked    main-thread time inside collective calls and waits (the trace; not "hidden")
+    in step    the trace's wire time of the step's collectives (minidist.comm.trace.wire_times, from
+               the last member's issue), the mean over ranks: against `alone`, what running inside
+               the step (sharing the cores with compute, several collectives at once) cost
     algbw      per op, payload / time alone; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n
                (all_gather, reduce_scatter), 1 (broadcast): nccl-tests' definitions
 
@@ -35,6 +38,7 @@ import statistics
 from collections import defaultdict
 
 from minidist.comm import CostModel, hidden_share
+from minidist.comm.trace import arrivals, wire_times
 from minidist.compare import intervals
 from minidist.compare.analytic import CLOSED_FORM, Layout, busbw_factor, plan, ring_bytes
 from minidist.compare.estimate import estimate_memory
@@ -95,13 +99,21 @@ def _blocked(raw: dict) -> float:
     return intervals.length(sync + [tuple(w) for w in raw["main_waits"]]) / max(1, len(raw["steps"]))
 
 
+def _in_step_wire(raws: list[dict]) -> float:
+    """Seconds per step on the wire inside the measured steps (trace.wire_times with every rank's arrivals)."""
+    arrived = arrivals([[(r["group"], r["issued"]) for r in raw["records"]] for raw in raws])
+    total = sum(w or 0.0 for raw, arr in zip(raws, arrived)
+                for w in wire_times([(r["group"], r["issued"], r["completed"]) for r in raw["records"]], arr))
+    return total / len(raws) / max(1, len(raws[0]["steps"]))
+
+
 def _time(raws: list[dict], alone: dict) -> dict:
     step = spread(_step_times([r["steps"] for r in raws]))
     base = spread(_step_times([r["baseline"]["steps"] for r in raws]))
     out = {"step": step, "baseline": base, "overhead": step["median"] - base["median"], "alone": alone["seconds"],
            "hidden": hidden_share(step["median"] - base["median"], alone["seconds"]),
            "predicted": alone["predicted"], "predicted_error": alone["error"],
-           "blocked": statistics.mean(_blocked(r) for r in raws)}
+           "blocked": statistics.mean(_blocked(r) for r in raws), "in_step_wire": _in_step_wire(raws)}
     phases: dict[str, list[float]] = defaultdict(list)
     for name, _, a, b in raws[0]["baseline"]["phases"]:
         phases[name].append(b - a)

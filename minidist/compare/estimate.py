@@ -23,7 +23,7 @@ psi, K = 8 for AdamW (the weights are their own master copy): 16 psi too.
 
 Not counted: allocator rounding and caching, tensors on threads the profile cannot see (gloo's
 workers, minidist's ring lane), the data pipeline. Checked against torch's allocator events
-(minidist.compare.allocator) in tests/compare/test_memory_validation.py.
+(minidist.compare.allocator) in tests/compare/test_measure.py.
 """
 
 from __future__ import annotations

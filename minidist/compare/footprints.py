@@ -5,7 +5,7 @@
 
 These belong in minidist/zero and minidist/fsdp (as minidist/ddp/footprint.py is in DDP's):
 their owners move them there and keep them true when a schedule changes; until then they
-describe the engines as they are on main. tests/compare/test_memory_validation.py compares the
+describe the engines as they are on main. tests/compare/test_measure.py compares the
 estimates built from them with torch's allocator events, so a stale one fails there.
 
 ZeRO-1 (minidist.zero.ShardedOptimizer over DDP): DDP's holdings (minidist.ddp.footprint), with

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import time
 
 import torch
@@ -154,7 +155,7 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float) -> 
     return raw
 
 
-_MAIN = __import__("threading").main_thread().ident
+_MAIN = threading.main_thread().ident
 
 
 def _records(tr: comm.Trace, t0: float, strategy: str) -> list[dict]:

@@ -76,6 +76,13 @@ TIME: list[Column] = [
     ("a-b error", lambda r, d: _pct(r["time"]["predicted_error"])),
     ("blocked ms", lambda r, d: f"{r['time']['blocked'] * 1e3:.1f}"),
 ]
+TIME_MORE: list[Column] = [
+    ("strategy", lambda r, d: r["strategy"]),
+    ("in-step wire ms", lambda r, d: f"{r['time']['in_step_wire'] * 1e3:.1f}"),
+    ("alone ms", lambda r, d: f"{r['time']['alone'] * 1e3:.1f}"),
+    ("plain forward ms", lambda r, d: f"{r['time']['baseline_phases'].get('forward', 0) * 1e3:.1f}"),
+    ("plain backward ms", lambda r, d: f"{r['time']['baseline_phases'].get('backward', 0) * 1e3:.1f}"),
+]
 MEMORY: list[Column] = [
     ("strategy", lambda r, d: r["strategy"]),
     ("peak MiB", lambda r, d: _mem(r, "allocator")),
@@ -94,7 +101,14 @@ BANDWIDTH: list[Column] = [
 TABLES = {"communication per step and rank (mean over ranks)": COMMUNICATION,
           "time per step (median [interquartile range] of the measured steps)": TIME,
           "peak memory per rank (the rank with the largest)": MEMORY,
-          "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH}
+          "communication inside the step, and the plain step's phases":
+        "in-step wire: the trace's estimate of the time the step's collectives spent on the wire inside the "
+        "measured steps (from the last rank's issue to completion, queueing behind the group's previous "
+        "collective removed: minidist.comm.trace.wire_times), the mean over ranks; against alone, what running "
+        "inside the step costs. plain forward / backward: the phases of the step without communication (what "
+        "the projection holds the communication against).",
+    "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH,
+          "communication inside the step, and the plain step's phases": TIME_MORE}
 LEGENDS = {
     "communication per step and rank (mean over ranks)":
         "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast. trace: the bytes minidist.comm.trace "
@@ -114,6 +128,12 @@ LEGENDS = {
         "peak: the allocator's peak in one step (the instrument is named in the header); estimate: "
         "minidist.compare.estimate, nothing run; error: estimate / peak - 1; ledger: live tensor bytes the "
         "ledger (minidist.compare.memory) saw at its own peak, split by role (MiB); at: the phase of that peak.",
+    "communication inside the step, and the plain step's phases":
+        "in-step wire: the trace's estimate of the time the step's collectives spent on the wire inside the "
+        "measured steps (from the last rank's issue to completion, queueing behind the group's previous "
+        "collective removed: minidist.comm.trace.wire_times), the mean over ranks; against alone, what running "
+        "inside the step costs. plain forward / backward: the phases of the step without communication (what "
+        "the projection holds the communication against).",
     "bandwidth of each collective alone (nccl-tests' algbw and busbw)":
         "algbw = payload / time, busbw = algbw x 2(n-1)/n (AR), (n-1)/n (AG, RS), 1 (BC), each call timed alone "
         "after a barrier, the median of the repeats, the mean over ranks; per op, summed payload over summed time.",

@@ -161,7 +161,7 @@ def test_the_whole_report_fits_120_columns_and_writes_every_file(run_dist, tmp_p
                  "projection.csv", "projection.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     table = (tmp_path / "table.md").read_text()
-    assert table.count("| strategy |") == 4 and "this is full_shard" in table
+    assert table.count("| strategy |") == 5 and "this is full_shard" in table
     proj = result["projection"]
     assert {r["cluster"] for r in proj} == {"calibrated", *cfg.projection.clusters}
     assert all(r["memory_GB"] is None for r in proj if r["cluster"] == "calibrated")  # this machine: no device
