@@ -6,7 +6,7 @@
             with peak.window():             # a step whose peak counts
                 step()
     peak.peaks                              # live bytes at each window's peak
-    peak.bytes                              # the lowest of them (below)
+    peak.bytes                              # the highest of them: what a run must have room for
 
 CUDA: the caching allocator's own statistics, torch.cuda.max_memory_allocated() after
 reset_peak_memory_stats() (bytes handed to tensors; the cache it keeps beyond is not counted).
@@ -25,8 +25,11 @@ the instrument, both stated where numbers are printed:
     so nothing allocated before the session may die inside it (call gc.collect() first);
   * a free on a thread it does not follow is not reported either, so a tensor whose last
     reference dies there (gloo's worker after its work returned, a race with the caller) stays
-    counted: the instrument can only over-count, rarely, by a tensor. `bytes` is the lowest
-    peak of the windows (measure two steps: a race rarely hits both).
+    counted: the instrument can over-count, rarely, by a tensor.
+
+Two steps of one run can peak differently for real: what comm's flight recorder still holds of
+the last step's collectives depends on which had finished when the next was issued. `bytes` is
+the highest window peak, the memory a run must have room for; `peaks` has each.
 
 Kineto, the profiler's backend, prints its own log lines on a CUDA build without a GPU;
 KINETO_LOG_LEVEL (unless the user set it) keeps it quiet.
@@ -58,8 +61,8 @@ class AllocatorPeak:
 
     @property
     def bytes(self) -> int | None:
-        """The lowest window peak (module docstring); None before any window closed."""
-        return min(self.peaks) if self.peaks else None
+        """The highest window peak (module docstring); None before any window closed."""
+        return max(self.peaks) if self.peaks else None
 
     @property
     def instrument(self) -> str:

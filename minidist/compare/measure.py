@@ -20,7 +20,7 @@ Per strategy, every rank, in this order:
              step (clip, step, zero_grad)
   alone      the last measured step's collectives again, one at a time (replay.py)
   memory     a fresh build, two warm-up steps and two steps under the allocator's instrument
-             (allocator.py: the lower peak) and MemoryLedger (memory.py), never timed
+             (allocator.py: the higher peak) and MemoryLedger (memory.py), never timed
 
 Times are perf_counter() seconds since t0, this rank's clock when every rank left one barrier.
 """
@@ -179,7 +179,7 @@ def measure_memory(cfg, strategy_cfg, topo: Topology, train_ds) -> dict:
         bench = Bench(cfg, strategy_cfg, topo, train_ds)
         for _ in range(2):
             bench.step()
-        for _ in range(2):  # the lower peak counts (allocator.py: the profiler can only over-count)
+        for _ in range(2):  # two steps can peak differently (allocator.py): the higher counts
             ledger = MemoryLedger(roles_of(bench.model, bench.optimizer))
             with peak.window(), ledger:
                 start, end = bench.step()

@@ -125,7 +125,7 @@ LEGENDS = {
         "than the communication it hides); a-b: the alpha-beta ring prediction with the calibrated alpha and beta, "
         "its error against alone; blocked: main-thread time inside collective calls and waits.",
     "peak memory per rank (the rank with the largest)":
-        "peak: the allocator's peak in one step (the instrument is named in the header); estimate: "
+        "peak: the allocator's peak, the higher of two steps (the instrument is named in the header); estimate: "
         "minidist.compare.estimate, nothing run; error: estimate / peak - 1; ledger: live tensor bytes the "
         "ledger (minidist.compare.memory) saw at its own peak, split by role (MiB); at: the phase of that peak.",
     "communication inside the step, and the plain step's phases":

@@ -21,5 +21,5 @@ def test_cpu_peak_counts_live_bytes_from_the_session_start():
     assert abs(peak.at_start - MB) < 4096
     first, second = peak.peaks
     assert abs(first - 3 * MB) < 4096 and abs(second - 2 * MB) < 4096
-    assert peak.bytes == second and "profiler" in peak.instrument
+    assert peak.bytes == first and "profiler" in peak.instrument  # the higher: what a run needs room for
     del kept
