@@ -13,7 +13,7 @@ ROLE_COLORS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer": "#2
 
 def _bytes_panel(ax, rows: list[dict]) -> None:
     series = (("trace (ring model)", "trace", "#1f77b4"), ("backend runs", "wire", "#aec7e8"),
-              ("kernel counted", "kernel", "#ff7f0e"), ("formula", "formula", "#7f7f7f"))
+              ("kernel counted", "kernel", "#ff7f0e"), ("formulas, call by call", "formula", "#7f7f7f"))
     w = 0.8 / len(series)
     for k, (label, key, color) in enumerate(series):
         vals = [(i + (k - 1.5) * w, r["bytes"][key] / MB) for i, r in enumerate(rows) if r["bytes"][key] is not None]

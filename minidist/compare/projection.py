@@ -195,11 +195,12 @@ def draw_png(rows: list[dict], clusters: list[Cluster], path: Path, devices_GB: 
         ax.axhline((mine[0]["forward_s"] + mine[0]["backward_s"]) * 1e3, color="black", lw=0.8, ls=":",
                    label="forward + backward")
         c = by_name[cname]
-        if c.gpus_per_node > 1:
-            ax.axvline(c.gpus_per_node, color="gray", lw=1.0, ls="-.", label=f"leaves the node (> {c.gpus_per_node})")
+        if c.gpus_per_node > 1:  # between G and 2G ranks on the log axis
+            ax.axvline(c.gpus_per_node * 2 ** 0.5, color="gray", lw=1.0, ls="-.",
+                       label=f"leaves the node (> {c.gpus_per_node} ranks)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"{model} on {cname}", fontsize=9)
+        ax.set_title(f"{model} on {cname}" + (f"\n{c.label}" if c.label else ""), fontsize=8)
         ax.set_xlabel("ranks", fontsize=8)
         ax.set_ylabel("communication ms / step", fontsize=8)
         ax.tick_params(labelsize=7)

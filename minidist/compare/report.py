@@ -18,6 +18,8 @@ from minidist.footprint import ROLES
 OP_ABBREV = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC", "barrier": "BR",
              "reduce": "RD", "all_to_all": "A2A", "gather": "GA", "scatter": "SC"}
 MB, MIB = 1e6, 2 ** 20
+ROLE_HEADERS = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "buffers": "buffers",
+                "activations": "activ", "other": "other"}
 Column = tuple[str, Callable[[dict, float], str]]
 
 
@@ -89,7 +91,7 @@ MEMORY: list[Column] = [
     ("estimate", lambda r, d: _mem(r, "estimate")),
     ("error", lambda r, d: _pct(r["memory"].get("error")) if r["memory"] else "-"),
     ("ledger", lambda r, d: _mem(r, "ledger")),
-] + [(role[:6], lambda r, d, role=role: _mem(r, "by_role", role)) for role in ROLES] + [
+] + [(ROLE_HEADERS[role], lambda r, d, role=role: _mem(r, "by_role", role)) for role in ROLES] + [
     ("at", lambda r, d: r["memory"].get("where", "-") if r["memory"] else "-"),
 ]
 BANDWIDTH: list[Column] = [

@@ -5,7 +5,8 @@
 
 Layout of the trace: one process per rank (pid = rank, named "rank r"); thread "compute"
 (tid 0) holds each step, inside it forward / backward / optimizer, inside those every wait of the
-main thread on a collective (on its Work or its future: minidist.comm.trace); threads "comm", "comm 2", ... (tid 1, 2, ...) hold every collective from issue to
+main thread on a collective (on its Work or its future: minidist.comm.trace), and between the
+strategy's steps the plain model's (the no-communication baseline they alternate with); threads "comm", "comm 2", ... (tid 1, 2, ...) hold every collective from issue to
 completion, a new lane whenever one is issued before the previous one finished (the format
 wants the slices of one thread nested, and async collectives overlap). Complete events
 (ph "X"), microseconds since the barrier that started the comparison; the ranks' clocks are
@@ -21,6 +22,7 @@ from pathlib import Path
 OP_COLORS = {"all_reduce": "#d62728", "all_gather": "#9467bd", "reduce_scatter": "#8c564b",
              "broadcast": "#e377c2", "barrier": "#7f7f7f"}
 PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
+PLAIN_COLOR = "#d9d9d9"
 US = 1e6
 
 
@@ -56,6 +58,8 @@ def _compute_events(raw: dict, pid: int) -> list[dict]:
     events += [_x(f"{strategy} step {i}", "step", pid, 0, start, end, {"strategy": strategy})
                for i, (start, end) in enumerate(raw["steps"])]
     events += [_x("wait", "wait", pid, 0, start, end, {"strategy": strategy}) for start, end in raw["main_waits"]]
+    events += [_x(f"plain {phase}", "baseline", pid, 0, start, end, {"strategy": strategy, "step": step})
+               for phase, step, start, end in raw.get("baseline", {}).get("phases", [])]
     return events
 
 
@@ -108,9 +112,10 @@ def draw_png(raws: list[dict], path: Path) -> Path:
         ax.set_yticklabels([f"rank {r} {row}" for r in reversed(ranks) for row in ("comm", "compute")], fontsize=7)
         ax.set_title(strategy, fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("ms since the strategy's first measured step (one axis for every panel)", fontsize=8)
-    handles = [Patch(color=c, label=k) for k, c in (PHASE_COLORS | OP_COLORS).items()] + [Patch(color="black", label="wait")]
-    fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles))
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    handles = [Patch(color=c, label=k) for k, c in (PHASE_COLORS | OP_COLORS).items()] + [
+        Patch(color="black", label="wait"), Patch(color=PLAIN_COLOR, label="plain model's step (no communication)")]
+    fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=6)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -120,6 +125,8 @@ def _draw_rank(ax, raw: dict, t0: float, y: float) -> None:
     ms = lambda t: (t - t0) * 1e3  # noqa: E731
     for phase, _, start, end in raw["phases"]:
         ax.broken_barh([(ms(start), ms(end) - ms(start))], (y + 1.05, 0.7), color=PHASE_COLORS[phase])
+    plain = [(ms(a), ms(b) - ms(a)) for _, _, a, b in raw.get("baseline", {}).get("phases", [])]
+    ax.broken_barh(plain, (y + 1.05, 0.7), color=PLAIN_COLOR)
     waits = [(ms(a), ms(b) - ms(a)) for a, b in raw["main_waits"]]
     ax.broken_barh(waits, (y + 1.05, 0.25), color="black")
     for r in raw["records"]:
