@@ -80,9 +80,10 @@ def held(prof: StepProfile, strategy: str, world: int, *, device: str = "cpu", o
         return footprints.fsdp_held(prof.layout, strategy, world, shard_size=shard_size, optimizer=opt, backend=backend,
                                     device_type=device, **fsdp)
     if strategy == "zero1":
-        return footprints.zero1_held(prof.layout, world, policy=policy, device_type=device, optimizer=opt)
-    return ddp_footprint.held(prof.layout, 1 if strategy == "single" else world, policy=policy, device_type=device,
-                              optimizer=opt)
+        return footprints.zero1_held(prof.layout, world, policy=policy, device_type=device, optimizer=opt,
+                                     backend=backend)
+    return ddp_footprint.held(prof.layout, world, policy=policy, device_type=device, optimizer=opt, backend=backend,
+                              reducer=strategy != "single")
 
 
 def _lookup(rows: list[Held]) -> dict[tuple, Held]:

@@ -64,10 +64,10 @@ def zero1_shares(param_numels, world: int) -> list[list[int]]:
 
 
 def zero1_held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",
-               optimizer: OptimizerModel = OptimizerModel()) -> list[Held]:
+               optimizer: OptimizerModel = OptimizerModel(), backend: str = "gloo") -> list[Held]:
     mine = max(zero1_shares(layout.param_numels, world), key=sum)
     rows = ddp_footprint.held(layout, world, policy=policy, device_type=device_type, optimizer=optimizer,
-                              optimizer_pieces=mine)
+                              optimizer_pieces=mine, backend=backend)
     if world == 1:
         return rows
     flats = layout.psi * layout.itemsize

@@ -19,8 +19,9 @@ Two more holders, outside DDP, counted as "other":
   * comm.flight_recorder keeps the future of every async collective until this rank's next
     collective finds it done, and in place a bucket's future holds its gradients. So the last
     step's gradients outlive zero_grad() until the first bucket of the next backward launches:
-    through the forward and the backward of the units that fill bucket 0 (all of them: an
-    upper bound, the recorder may have let some go);
+    through the forward and the backward of the units that fill bucket 0. All of them (an upper
+    bound: the recorder lets go of those already done when a later one was issued), except in a
+    world of one, where each is done before the next: the last bucket's;
   * gloo packs a coalesced all_reduce into one flat buffer on its worker (the packed part of a
     bucket reduced in place) while it runs: from the bucket's launch, counted to the end of
     the backward (an upper bound: it may finish sooner).
@@ -84,15 +85,18 @@ def _fills_in(layout: ModelLayout, ids: list[int]) -> int:
 
 def held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",
          optimizer: OptimizerModel = OptimizerModel(), optimizer_pieces: list[int] | None = None,
-         hook=reduction.allreduce_presummed, backend: str = "gloo") -> list[Held]:
+         hook=reduction.allreduce_presummed, backend: str = "gloo", reducer: bool = True) -> list[Held]:
     """DDP's holdings at every instant of a step (module docstring). optimizer_pieces: the elements
-    of each tensor this rank's optimizer updates (default every parameter; ZeRO-1 passes its share)."""
+    of each tensor this rank's optimizer updates (default every parameter; ZeRO-1 passes its share);
+    reducer=False: the plain model (no DDP), for comparison."""
     p, psi = layout.itemsize, layout.psi
     pieces = list(layout.param_numels) if optimizer_pieces is None else optimizer_pieces
-    plan = buckets(layout, policy, device_type, hook) if world > 1 else []
+    plan = buckets(layout, policy, device_type, hook) if reducer else []
     nbytes = lambda ids: sum(layout.param_numels[i] for i in ids) * p  # noqa: E731
     flats = sum(nbytes(ids) for ids, in_place in plan if not in_place)
     retained = sum(nbytes(ids) for ids, in_place in plan if in_place)
+    if world == 1 and plan:  # alone, every reduction is done by the next one's issue: only the last is held
+        retained = nbytes(plan[-1][0]) if plan[-1][1] else 0
     first = _fills_in(layout, plan[0][0]) if plan else 0
     packed = [(_fills_in(layout, ids), sum(layout.param_numels[i] * p for i in ids
                                           if layout.param_numels[i] * p < reduction.SEPARATE_MIN_BYTES))
