@@ -56,3 +56,8 @@ def test_tp_equals_one_process(run_dist, world, plan):
     losses = [[tp for _, tp, _ in r] for r in results]
     assert all(r == losses[0] for r in losses), f"tp ranks disagree on the loss: {losses}"
     print(plan, world, "max |grad diff| per step:", [max(r[i][2] for r in results) for i in range(len(results[0]))])
+
+
+def test_tp_with_activation_checkpointing_equals_one_process(run_dist):
+    """Recomputing a block in backward re-runs its forward collectives; the result is unchanged."""
+    run_dist(2, body_equal, PLANS["tp+sp+vocab"], 2, activation_checkpointing=True)
