@@ -5,6 +5,14 @@ output head tied to the token embedding (one shared weight: the engines must
 reduce it once). `Block` is the natural FSDP unit: wrap={Block}. With
 activation_checkpointing the parent checkpoints each Block's call, as Hugging
 Face models do (under FSDP, the unit is recomputed, re-gathered, inside backward).
+
+minidist.tp.parallelize_gpt splits it in place (Megatron-LM's layout): the pieces it
+swaps are submodules here, so the forward below reads the same either way. The attention
+counts its heads from `n_head` (the plan sets this rank's share) and takes the sequence
+length from qkv's output (under sequence parallelism its input holds a chunk); the random
+step inside the heads is its own module (CausalAttention); the loss is the `criterion`
+module (a vocabulary-parallel plan swaps it). None of these has parameters: state_dict keys
+and results are those of the plain model.
 """
 
 from __future__ import annotations
