@@ -24,7 +24,8 @@ length must divide by N.
 
 vocab_parallel: the token embedding and the tied head split by vocabulary rows (the tie is
 kept: one Parameter, this rank's rows), the loss computed from split logits (minidist.tp.vocab);
-the logits the model returns are then this rank's vocabulary columns.
+the logits the model returns are then this rank's vocabulary columns. To sample
+(GPT.generate), use the whole model (minidist.models.load of a finished run).
 
 Dropout: where ranks hold different heads or different tokens, each rank draws its own masks
 (minidist.tp.random); elsewhere all tp ranks share the default generator and must be seeded alike.
@@ -48,14 +49,16 @@ def parallelize_gpt(model: GPT, device_mesh: DeviceMesh, *, sequence_parallel: b
     """Split `model`'s layers over the 1-D "tp" mesh `device_mesh`, in place; returns `model`."""
     _, _, size = tp_group(device_mesh)
     cfg = model.cfg
+    if any(isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for m in model.modules()):
+        raise ValueError("parallelize_gpt: this model is already tensor-parallel; parallelize the plain GPT once")
     if cfg.n_head % size:
-        raise ValueError(f"tensor parallelism splits attention by heads: n_head={cfg.n_head} does not divide "
-                         f"over tp={size} ranks")
+        raise ValueError(f"tensor parallelism splits attention by heads: n_head={cfg.n_head} does not split over "
+                         f"tp={size} ranks; use a tp that divides n_head")
     if vocab_parallel:
         vocab_range(cfg.vocab_size, 0, size)  # raises with one line if it does not split
     if sequence_parallel and cfg.block_size % size:
-        raise ValueError(f"sequence parallelism splits the sequence: block_size={cfg.block_size} does not divide "
-                         f"over tp={size} ranks")
+        raise ValueError(f"sequence parallelism splits the sequence: block_size={cfg.block_size} does not split "
+                         f"over tp={size} ranks; use a tp that divides block_size")
     sp = sequence_parallel
     for block in model.blocks:
         _parallelize_block(block, device_mesh, sp, split_dropout=cfg.dropout > 0)

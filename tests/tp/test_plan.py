@@ -95,6 +95,10 @@ def body_errors() -> list[str]:
         model(torch.zeros(2, 15, dtype=torch.long))
     except ValueError as e:
         errors.append(str(e))
+    try:
+        parallelize_gpt(model, mesh)
+    except ValueError as e:
+        errors.append(str(e))
     world = dist.get_world_size()
     for bad in (init_device_mesh("cpu", (1, world), mesh_dim_names=(DP, TP)),
                 init_device_mesh("cpu", (world,), mesh_dim_names=(DP,))):
@@ -107,11 +111,12 @@ def body_errors() -> list[str]:
 
 def test_bad_layouts_fail_in_one_line(run_dist):
     for errors in run_dist(2, body_errors):
-        assert len(errors) == 6 and all("\n" not in e for e in errors), errors
-        heads, vocab, block, seq, two_d, name = errors
+        assert len(errors) == 7 and all("\n" not in e for e in errors), errors
+        heads, vocab, block, seq, twice, two_d, name = errors
         assert "n_head=1" in heads and "tp=2" in heads
         assert "vocabulary of 31" in vocab and "tp=2" in vocab
         assert "block_size=15" in block
         assert "sequence of 15" in seq and "divisible by 2" in seq
+        assert "already tensor-parallel" in twice
         assert "2-D mesh" in two_d and "mesh['tp']" in two_d
         assert "'dp'" in name
