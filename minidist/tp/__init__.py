@@ -21,7 +21,8 @@ TP sends 2 all_reduces of b*s*h forward and 2 backward, 4 * 2 b*s*h*e (N-1)/N; S
 bytes as 4 all_gathers + 4 reduce_scatters of b*s*h*e*(N-1)/N each.
 """
 
-from minidist.tp.conjugates import copy_to_tp, gather_sequence, reduce_from_tp, reduce_scatter_sequence, scatter_sequence
+from minidist.tp.conjugates import (copy_to_tp, gather_sequence, reduce_from_tp, reduce_scatter_sequence,
+                                    scatter_sequence)
 from minidist.tp.linear import ColumnParallelLinear, RowParallelLinear
 from minidist.tp.placement import TPShard, full_tensor, local_slice, mark_sharded, sharding_of
 from minidist.tp.plan import parallelize_gpt

@@ -33,7 +33,7 @@ ATTR = "_minidist_tp_shard"
 
 @dataclass(frozen=True)
 class TPShard:
-    """This rank holds 1/size of tensor dimension `dim` (of each of its `parts` blocks), over mesh dimension `mesh_dim`."""
+    """This rank holds 1/size of tensor dim `dim` (of each of its `parts` blocks) over mesh dimension `mesh_dim`."""
 
     dim: int
     parts: int = 1

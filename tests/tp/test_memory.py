@@ -10,7 +10,6 @@ is left out: TP already splits it by heads, SP does not change it.
 from __future__ import annotations
 
 import pytest
-import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests.tp.helpers import batches, models, parallel

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
-import torch.distributed as dist
 
 from minidist import comm
 from minidist.comm import kernel_io
