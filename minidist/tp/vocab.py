@@ -5,7 +5,7 @@ head is tied to it. Megatron-LM splits it by rows: rank r holds tokens [start, e
 
     embedding   each rank looks up the tokens it owns, zeros for the others; the sum over
                 ranks (g: all_reduce, or reduce_scatter along the sequence under SP) is the
-                lookup of every token. S = b*s*h bytes, as one more TP all_reduce.
+                lookup of every token: b*s*h elements, as one more TP all_reduce.
     head        a column-parallel linear on the same rows: logits split by vocabulary,
                 (b, s, vocab/N) per rank, never gathered.
     loss        cross-entropy from split logits, with per-token scalars only:
@@ -15,8 +15,9 @@ head is tied to it. Megatron-LM splits it by rows: rank r holds tokens [start, e
                     loss = log Z - (z - m)
                 backward is local: softmax - one_hot(target) on this rank's columns.
 
-So the head and the loss move 3*b*s numbers instead of the b*s*vocab logits. The logits the
-model returns are this rank's columns.
+The head's input enters through f (an all_reduce of b*s*h backward, as any column-parallel
+layer); the loss moves 3*b*s numbers, never the b*s*vocab logits. The logits the model
+returns are this rank's columns.
 """
 
 from __future__ import annotations
