@@ -93,7 +93,7 @@ class FSDP(nn.Module):
         super().__init__()
         self.module = module
         self.compute_dtype = compute_dtype
-        if len(list(module.parameters())) != len(list(module.parameters(remove_duplicate=False))):
+        if len(list(module.parameters())) != len(list(module.named_parameters(remove_duplicate=False))):
             raise ValueError("this FSDP shards each module's parameters on their own: untie shared ones")
         broadcast_from_rank0(module)                     # every rank shards the same values
         self.params: dict[str, ShardedParam] = {}        # by the parameter's name in `module`
