@@ -39,6 +39,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_fsdp_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode overlap", 600),
     "trace_overhead": ("python benchmarks/trace_overhead.py", 300),
     "compare": (f"{TORCHRUN.format(n=2)} -m recipes.compare name=docs-compare", 600),
+    "tutorial": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure", 300),
 }
 
 
