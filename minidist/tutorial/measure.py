@@ -98,12 +98,12 @@ def row(cells: list, widths: list[int]) -> str:
 class Sizes:
     """The model and how long to measure."""
 
-    width: int = 256
+    width: int = 512
     depth: int = 8
     seconds: float = 0.005
     """Emulated forward compute per layer (backward: twice that)."""
-    rounds: int = 7
-    bucket_mb: float = 0.5
+    rounds: int = 9
+    bucket_mb: float = 2.0
 
 
 SMALL = Sizes(width=64, depth=4, seconds=0.002, rounds=2, bucket_mb=0.02)
@@ -164,27 +164,44 @@ def row(cells: list, widths: list[int]) -> str:
     return "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths)))
 
 
-def report(sz: Sizes) -> None:
-    """Measure everything and print the tables (rank 0), on an initialised process group."""
+def report(sz: Sizes, parts: tuple[str, ...] = ("ddp", "zero", "fsdp")) -> None:
+    """Measure `parts` and print their tables (rank 0), on an initialised process group."""
     say = print if dist.get_rank() == 0 else (lambda *a, **k: None)
     n = dist.get_world_size()
     x = torch.randn(16, sz.width, generator=torch.Generator().manual_seed(dist.get_rank()))
     params = sum(p.numel() for p in make_model(sz.width, sz.depth).parameters())
     s = 4 * params
     say(f"model: {sz.depth} x Linear({sz.width}, {sz.width}), {params} parameters, S = {s / MB:.3f} MB of fp32 "
-        f"gradients; N = {n} ranks; backward sleeps {2 * sz.seconds * 1e3:g} ms per layer (emulated compute)\n")
-    say(f"DDP, step by step (every step sends 2 S (N-1)/N = {2 * s * (n - 1) / n / MB:.3f} MB per rank)")
+        f"gradients; N = {n} ranks; backward sleeps {2 * sz.seconds * 1e3:g} ms per layer (emulated compute)")
+    if "ddp" in parts:
+        ddp_table(sz, x, s, say)
+    if "zero" in parts:
+        zero_table(sz, x, s, say)
+    if "fsdp" in parts:
+        fsdp_table(sz, x, s, say)
+
+
+def ddp_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
+    n = dist.get_world_size()
+    say(f"\nDDP, step by step (every step sends 2 S (N-1)/N = {2 * s * (n - 1) / n / MB:.3f} MB per rank)")
     w = [24, 6, 10, 10, 8, 12]
     say(row(["step", "calls", "traced MB", "kernel MB", "step ms", "+comm ms"], w))
     rows = ddp_steps(sz, x)
     for name, r in rows.items():
         say(row([name, r["calls"], f"{r['traced'] / MB:.3f}", f"{r['kernel'] / MB:.3f}",
                  f"{r['step_s'] * 1e3:.1f}", f"{(r['step_s'] - rows['no communication']['step_s']) * 1e3:.1f}"], w))
+
+
+def zero_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
     say(f"\nZeRO-1, one optimizer step (AdamW's state: 8 bytes per parameter = {2 * s / MB:.3f} MB in all)")
     w = [24, 10, 6, 10, 10]
     say(row(["optimizer", "state MB", "calls", "traced MB", "kernel MB"], w))
     for name, r in zero_step(sz, x).items():
         say(row([name, f"{r['state'] / MB:.3f}", r["calls"], f"{r['traced'] / MB:.3f}", f"{r['kernel'] / MB:.3f}"], w))
+
+
+def fsdp_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
+    n = dist.get_world_size()
     say(f"\nFSDP, one step (held: parameter bytes kept between steps; fp32 bytes: 3 S (N-1)/N = "
         f"{3 * s * (n - 1) / n / MB:.3f} MB)")
     w = [16, 10, 12, 12, 10]
@@ -197,11 +214,13 @@ def report(sz: Sizes) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--small", action="store_true", help="a small model and few rounds (what the tests run)")
+    ap.add_argument("--part", choices=("ddp", "zero", "fsdp"), action="append",
+                    help="measure only this part (repeatable; default: all three)")
     args = ap.parse_args(argv)
     try:
         with runtime.distributed("gloo"):
             torch.set_num_threads(1)
-            report(SMALL if args.small else Sizes())
+            report(SMALL if args.small else Sizes(), tuple(args.part or ("ddp", "zero", "fsdp")))
     except Exception as exc:  # noqa: BLE001 - one line per rank (MINIDIST_TRACEBACK=1 for the trace)
         runtime.exit_on_error(exc)
     runtime.exit_process(0)
