@@ -15,8 +15,9 @@ parameters directly (a Linear, an Embedding, a LayerNorm). Around a unit:
 Bytes per step and rank: 2 all_gathers + 1 reduce_scatter of each parameter, about
 (2 S_c + S) (N-1)/N with S the fp32 bytes and S_c the compute-dtype bytes (3 S (N-1)/N
 in fp32, 1.5x DDP). Memory: the shards (S/N), plus the full parameters of the unit
-that is computing. Everything here is blocking except the reduce_scatters, which
-finish_gradient_synchronization() waits on; nothing is prefetched.
+that is computing and the input of the one reduce_scatter in flight. Everything here is
+blocking except that reduce_scatter, which the next one (or, at the end,
+finish_gradient_synchronization()) waits on; nothing is prefetched.
 
 Why "free" means resizing the storage to 0 bytes: autograd saved the full tensors for
 backward, so they cannot be dropped; emptying their storage releases the memory and
@@ -135,7 +136,8 @@ class FSDP(nn.Module):
 
     def _post_backward(self, sp: ShardedParam) -> None:
         """sp.full.grad is complete: start its reduce_scatter, free the full parameter."""
-        self.pending.append((sp, *sp.start_reduce_scatter()))
+        self.finish_gradient_synchronization()   # the previous one had this backward to finish in:
+        self.pending.append((sp, *sp.start_reduce_scatter()))   # one full gradient in flight at a time
         sp.free()
 
     def finish_gradient_synchronization(self) -> None:
