@@ -21,9 +21,9 @@ from minidist.tutorial.ddp_naive import broadcast_from_rank0
 
 
 # --8<-- [start:assign]
-def assign_buckets(params: list[torch.Tensor], bucket_bytes: float) -> list[list[torch.Tensor]]:
-    """Consecutive parameters, from the last to the first, in buckets of at most bucket_bytes
-    (a parameter larger than that gets a bucket of its own)."""
+def assign_buckets(params: list, bucket_bytes: float) -> list[list]:
+    """Consecutive parameters, from the last to the first, in buckets of at most
+    bucket_bytes (a larger parameter gets a bucket of its own)."""
     buckets: list[list[torch.Tensor]] = [[]]
     size = 0
     for p in reversed(params):
@@ -46,8 +46,8 @@ class BucketedDDP(nn.Module):
         self.world = dist.get_world_size()
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = assign_buckets(params, bucket_size_mb * 2**20)
-        self.bucket_of = {p: b for b, bucket in enumerate(self.buckets) for p in bucket}
-        self.waiting = [len(bucket) for bucket in self.buckets]   # gradients still to come
+        self.bucket_of = {p: b for b, ps in enumerate(self.buckets) for p in ps}
+        self.waiting = [len(ps) for ps in self.buckets]  # gradients to come
         self.in_flight: list = []        # (bucket index, flat buffer, handle)
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -59,18 +59,20 @@ class BucketedDDP(nn.Module):
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         b = self.bucket_of[p]
         self.waiting[b] -= 1
-        if self.waiting[b] == 0:         # the bucket is full: flatten it and send it
+        if self.waiting[b] == 0:         # the bucket is full: flatten, send
             flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[b]])
             flat.div_(self.world)
-            self.in_flight.append((b, flat, comm.all_reduce(flat, async_op=True)))
+            handle = comm.all_reduce(flat, async_op=True)
+            self.in_flight.append((b, flat, handle))
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
         for b, flat, handle in self.in_flight:
             handle.wait()
             grads = [q.grad for q in self.buckets[b]]
-            for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+            pieces = flat.split([g.numel() for g in grads])
+            for g, piece in zip(grads, pieces):
                 g.copy_(piece.view_as(g))
         self.in_flight.clear()
-        self.waiting = [len(bucket) for bucket in self.buckets]
+        self.waiting = [len(ps) for ps in self.buckets]
 # --8<-- [end:bucketed]

@@ -28,10 +28,12 @@ class FlatDDP(nn.Module):
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
-        grads = [p.grad for p in self.module.parameters() if p.requires_grad]
-        flat = torch.cat([g.reshape(-1) for g in grads])    # copy in: one buffer of S bytes
-        comm.all_reduce(flat)                               # one collective for everything
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])  # copy in: S bytes
+        comm.all_reduce(flat)                   # one collective for everything
         flat.div_(dist.get_world_size())
-        for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
-            g.copy_(piece.view_as(g))                       # copy out, into each p.grad
+        pieces = flat.split([g.numel() for g in grads])
+        for g, piece in zip(grads, pieces):
+            g.copy_(piece.view_as(g))           # copy out, into each p.grad
 # --8<-- [end:flat]

@@ -18,7 +18,7 @@ from minidist import comm
 # --8<-- [start:broadcast]
 @torch.no_grad()
 def broadcast_from_rank0(module: nn.Module) -> None:
-    """Make every replica start from rank 0's parameters and buffers (random init differs per rank)."""
+    """Every replica starts from rank 0's parameters and buffers."""
     for t in [*module.parameters(), *module.buffers()]:
         comm.broadcast(t, src=0)
 # --8<-- [end:broadcast]
@@ -36,10 +36,10 @@ class NaiveDDP(nn.Module):
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
-        """Call after loss.backward(): every p.grad becomes the average over the ranks."""
+        """After loss.backward(): every p.grad becomes the mean over the ranks."""
         world = dist.get_world_size()
         for p in self.module.parameters():
             if p.requires_grad:
-                comm.all_reduce(p.grad)   # SUM over the ranks, in place; blocks until done
-                p.grad.div_(world)        # the sum of N per-rank means / N = the global mean
+                comm.all_reduce(p.grad)  # in place: the SUM over ranks; blocks
+                p.grad.div_(world)       # sum of N per-rank means / N = the mean
 # --8<-- [end:naive]

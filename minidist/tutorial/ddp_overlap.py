@@ -28,7 +28,7 @@ class OverlapDDP(nn.Module):
         self.module = module
         broadcast_from_rank0(module)
         self.world = dist.get_world_size()
-        self.handles: list = []          # the all_reduces in flight
+        self.handles: list = []      # the all_reduces in flight
         for p in module.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -39,11 +39,11 @@ class OverlapDDP(nn.Module):
     @torch.no_grad()
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         """Runs inside backward, as soon as p.grad is complete."""
-        p.grad.div_(self.world)          # divide first: the sum of the pieces is the mean
+        p.grad.div_(self.world)      # divide first: the sum is then the mean
         self.handles.append(comm.all_reduce(p.grad, async_op=True))
 
     def finish_gradient_synchronization(self) -> None:
-        for handle in self.handles:      # only what has not finished yet costs time here
+        for handle in self.handles:  # only what is still in flight costs time
             handle.wait()
         self.handles.clear()
 # --8<-- [end:overlap]

@@ -39,11 +39,12 @@ def train(piece: str, steps: int = 5) -> float:
     gen = torch.Generator().manual_seed(1)
     # --8<-- [start:loop]
     for _ in range(steps):
-        x, y = torch.randn(8 * world, 32, generator=gen), torch.randn(8 * world, 32, generator=gen)
-        mine = slice(rank * 8, (rank + 1) * 8)               # this rank's slice of the batch
+        x = torch.randn(8 * world, 32, generator=gen)  # the whole batch
+        y = torch.randn(8 * world, 32, generator=gen)
+        mine = slice(rank * 8, (rank + 1) * 8)     # this rank's slice
         loss = nn.functional.mse_loss(model(x[mine]), y[mine])
         loss.backward()
-        model.finish_gradient_synchronization()              # every p.grad: the mean over ranks
+        model.finish_gradient_synchronization()    # p.grad: mean over ranks
         opt.step()
         opt.zero_grad()
         # the reference: one process, the whole batch

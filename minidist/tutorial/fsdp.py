@@ -36,21 +36,24 @@ from minidist.tutorial.ddp_naive import broadcast_from_rank0
 
 # --8<-- [start:param]
 class ShardedParam:
-    """One parameter: this rank's rows (`shard`, fp32) and the full tensor they are gathered into."""
+    """One parameter: this rank's rows (`shard`, fp32), and `full`, the whole
+    parameter in the compute dtype, whose memory exists only while in use."""
 
     def __init__(self, param: nn.Parameter, compute_dtype: torch.dtype):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.rows = param.shape[0]
-        self.k = -(-self.rows // self.world)             # rows per rank, rounded up
-        lo, hi = min(self.rank * self.k, self.rows), min((self.rank + 1) * self.k, self.rows)
-        self.shard = nn.Parameter(param.detach()[lo:hi].clone(), requires_grad=param.requires_grad)
-        self.full = nn.Parameter(torch.empty(param.shape, dtype=compute_dtype),
-                                 requires_grad=param.requires_grad)
+        self.k = -(-self.rows // self.world)      # rows per rank, rounded up
+        lo = min(self.rank * self.k, self.rows)
+        hi = min(lo + self.k, self.rows)
+        grad = param.requires_grad
+        self.shard = nn.Parameter(param.detach()[lo:hi].clone(), grad)
+        self.full = nn.Parameter(param.detach().to(compute_dtype), grad)
         self.free()
 
     def padded(self, t: torch.Tensor, rows: int) -> torch.Tensor:
-        """`t` with zero rows appended up to `rows`: collectives need equal pieces."""
-        return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])
+        """`t` with zero rows appended up to `rows`: equal pieces to send."""
+        pad = t.new_zeros((rows - t.shape[0], *t.shape[1:]))
+        return torch.cat([t, pad])
 # --8<-- [end:param]
 
     # --8<-- [start:gather]
@@ -65,9 +68,10 @@ class ShardedParam:
     @torch.no_grad()
     def gather(self) -> None:
         """Fill `full` (in the compute dtype), unless it is filled already."""
-        if self.full.untyped_storage().size() == 0:
-            self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
-            self.full.data.copy_(self.all_gather(self.full.dtype))   # .data: not an autograd op
+        storage = self.full.untyped_storage()
+        if storage.size() == 0:
+            storage.resize_(self.full.numel() * self.full.element_size())
+            self.full.data.copy_(self.all_gather(self.full.dtype))  # .data: below
 
     def free(self) -> None:
         self.full.untyped_storage().resize_(0)
@@ -75,70 +79,78 @@ class ShardedParam:
 
     # --8<-- [start:reduce]
     def start_reduce_scatter(self):
-        """full.grad (compute dtype) -> this rank's rows of the sum over ranks (fp32). Returns
-        (output, handle): `output` holds the result once the handle has been waited on."""
+        """full.grad -> (output, handle): after handle.wait(), `output` holds this
+        rank's rows of the sum of every rank's gradient, in fp32."""
         grad = self.padded(self.full.grad.float(), self.world * self.k)
         self.full.grad = None
         out = grad.new_empty((self.k, *grad.shape[1:]))
         return out, comm.reduce_scatter(out, grad, async_op=True)
 
     def set_grad(self, summed: torch.Tensor) -> None:
-        mine = summed[:self.shard.shape[0]] / self.world  # drop the padding rows; the mean
-        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
+        mine = summed[:self.shard.shape[0]] / self.world  # my rows; the mean
+        g = self.shard.grad
+        self.shard.grad = mine if g is None else g + mine
     # --8<-- [end:reduce]
 
 
 # --8<-- [start:fsdp]
 class FSDP(nn.Module):
-    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+    def __init__(self, module: nn.Module,
+                 compute_dtype: torch.dtype | None = None):
         super().__init__()
-        self.module = module
-        self.compute_dtype = compute_dtype
-        if len(list(module.parameters())) != len(list(module.named_parameters(remove_duplicate=False))):
-            raise ValueError("this FSDP shards each module's parameters on their own: untie shared ones")
-        broadcast_from_rank0(module)                     # every rank shards the same values
-        self.params: dict[str, ShardedParam] = {}        # by the parameter's name in `module`
-        self.pending: list = []                          # reduce_scatters in flight
+        named = module.named_parameters(remove_duplicate=False)
+        if len(list(named)) != len(list(module.parameters())):
+            raise ValueError("this FSDP shards each module's own: untie them")
+        self.module, self.compute_dtype = module, compute_dtype
+        broadcast_from_rank0(module)      # every rank shards the same values
+        self.params: dict[str, ShardedParam] = {}  # by name in `module`
+        self.pending: list = []           # the reduce_scatter in flight
         for prefix, unit in module.named_modules():
-            sharded = {name: ShardedParam(p, compute_dtype or p.dtype)
-                       for name, p in unit.named_parameters(recurse=False)}
+            own = unit.named_parameters(recurse=False)
+            sharded = {n: ShardedParam(p, compute_dtype or p.dtype)
+                       for n, p in own}
             if not sharded:
-                continue                                 # not a unit: owns no parameter itself
+                continue                  # not a unit: owns no parameter itself
             for name, sp in sharded.items():
-                unit._parameters[name] = sp.shard            # the optimizer sees the shard
-                self.params[f"{prefix}.{name}" if prefix else name] = sp
+                unit._parameters[name] = sp.shard  # what the optimizer sees
+                self.params[f"{prefix}.{name}".lstrip(".")] = sp
                 if sp.full.requires_grad:
-                    sp.full.register_post_accumulate_grad_hook(lambda _, sp=sp: self._post_backward(sp))
-            unit.register_forward_pre_hook(lambda m, args, sh=sharded: self._pre_forward(m, sh))
-            unit.register_forward_hook(lambda m, args, out, sh=sharded: self._post_forward(m, sh))
-            unit.register_full_backward_pre_hook(lambda m, grads, sh=sharded: self._pre_backward(sh))
+                    sp.full.register_post_accumulate_grad_hook(
+                        lambda _, sp=sp: self._post_backward(sp))
+            unit.register_forward_pre_hook(
+                lambda m, args, sh=sharded: self._pre_forward(m, sh))
+            unit.register_forward_hook(
+                lambda m, args, out, sh=sharded: self._post_forward(m, sh))
+            unit.register_full_backward_pre_hook(
+                lambda m, grads, sh=sharded: self._pre_backward(sh))
 
     def forward(self, *args):
-        if self.compute_dtype is not None:               # inputs in the weights' dtype
-            args = [a.to(self.compute_dtype) if a.is_floating_point() else a for a in args]
+        if self.compute_dtype is not None:  # inputs in the weights' dtype
+            args = [a.to(self.compute_dtype) if a.is_floating_point() else a
+                    for a in args]
         return self.module(*args)
 # --8<-- [end:fsdp]
 
     # --8<-- [start:hooks]
-    def _pre_forward(self, unit: nn.Module, sharded: dict[str, ShardedParam]) -> None:
+    def _pre_forward(self, unit: nn.Module, sharded: dict) -> None:
         for name, sp in sharded.items():
             sp.gather()
-            unit._parameters[name] = sp.full                 # compute with the full parameter
+            unit._parameters[name] = sp.full  # compute with the full one
 
-    def _post_forward(self, unit: nn.Module, sharded: dict[str, ShardedParam]) -> None:
+    def _post_forward(self, unit: nn.Module, sharded: dict) -> None:
         for name, sp in sharded.items():
             unit._parameters[name] = sp.shard
-            sp.free()                                        # autograd keeps the tensor, not its bytes
+            sp.free()               # autograd keeps the tensor, not its bytes
 
-    def _pre_backward(self, sharded: dict[str, ShardedParam]) -> None:
+    def _pre_backward(self, sharded: dict) -> None:
         for sp in sharded.values():
-            sp.gather()                                      # backward reads the full weights again
+            sp.gather()             # backward reads the full weights again
 
     def _post_backward(self, sp: ShardedParam) -> None:
-        """sp.full.grad is complete: start its reduce_scatter, free the full parameter."""
-        self.finish_gradient_synchronization()   # the previous one had this backward to finish in:
-        self.pending.append((sp, *sp.start_reduce_scatter()))   # one full gradient in flight at a time
-        sp.free()
+        """sp.full.grad is complete: reduce_scatter it, free the full weight."""
+        self.finish_gradient_synchronization()  # the previous one first, so one
+        self.pending.append((sp, *sp.start_reduce_scatter()))  # full gradient
+        sp.free()                                    # at most is alive at a time
 
     def finish_gradient_synchronization(self) -> None:
         for sp, out, handle in self.pending:
@@ -148,5 +160,5 @@ class FSDP(nn.Module):
     # --8<-- [end:hooks]
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
-        """Every parameter, whole and in fp32, on every rank (for a checkpoint or a test)."""
-        return {name: sp.all_gather(sp.shard.dtype) for name, sp in self.params.items()}
+        """Every parameter, whole and in fp32, on every rank (to save, to test)."""
+        return {n: sp.all_gather(sp.shard.dtype) for n, sp in self.params.items()}

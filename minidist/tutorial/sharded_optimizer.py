@@ -24,28 +24,28 @@ from minidist import comm
 
 # --8<-- [start:init]
 class ShardedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any):
+    def __init__(self, params, optimizer_cls: type, **kwargs: Any):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.optimizer_cls, self.kwargs = optimizer_cls, kwargs
-        self.load = [0] * self.world     # elements owned by each rank so far
+        self.load = [0] * self.world      # elements owned by each rank so far
         self.owner: dict[torch.Tensor, int] = {}
-        self.local: torch.optim.Optimizer | None = None   # over this rank's share only
-        super().__init__(params, kwargs)  # calls self.add_param_group for every group
+        self.local: torch.optim.Optimizer | None = None  # this rank's share
+        super().__init__(params, kwargs)  # calls add_param_group per group
 # --8<-- [end:init]
 
     # --8<-- [start:add_param_group]
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group (also after construction): each new parameter goes to the least-loaded rank."""
-        super().add_param_group(param_group)     # the whole group, with the defaults filled in
+        """Also after construction: each parameter to the least-loaded rank."""
+        super().add_param_group(param_group)  # the whole group, with defaults
         group = self.param_groups[-1]
         mine = []
         for p in group["params"]:
-            owner = min(range(self.world), key=lambda r: self.load[r])   # ties: lowest rank
+            owner = min(range(self.world), key=lambda r: self.load[r])
             self.owner[p] = owner
             self.load[owner] += p.numel()
             if owner == self.rank:
                 mine.append(p)
-        local_group = {**group, "params": mine}  # same hyperparameters, this rank's share
+        local_group = {**group, "params": mine}  # same hyperparameters, my share
         if self.local is None:
             self.local = self.optimizer_cls([local_group], **self.kwargs)
         else:
@@ -56,9 +56,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None, **kwargs: Any):
         for outer, inner in zip(self.param_groups, self.local.param_groups):
-            inner.update({k: v for k, v in outer.items() if k != "params"})   # e.g. a scheduler's lr
-        loss = self.local.step(closure, **kwargs)   # updates only the parameters this rank owns
-        handles = [comm.broadcast(p, src=self.owner[p], async_op=True)   # owners send, others receive
+            # outer -> inner: an lr scheduler edits the outer groups
+            inner.update({k: v for k, v in outer.items() if k != "params"})
+        loss = self.local.step(closure, **kwargs)  # updates my share only
+        handles = [comm.broadcast(p, src=self.owner[p], async_op=True)
                    for group in self.param_groups for p in group["params"]]
         for handle in handles:
             handle.wait()
