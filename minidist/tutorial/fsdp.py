@@ -71,7 +71,9 @@ class ShardedParam:
         storage = self.full.untyped_storage()
         if storage.size() == 0:
             storage.resize_(self.full.numel() * self.full.element_size())
-            self.full.data.copy_(self.all_gather(self.full.dtype))  # .data: below
+            # through .data: autograd must not see an in-place write to a
+            # tensor it saved for backward (the module docstring says why)
+            self.full.data.copy_(self.all_gather(self.full.dtype))
 
     def free(self) -> None:
         self.full.untyped_storage().resize_(0)

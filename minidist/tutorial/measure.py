@@ -171,7 +171,7 @@ def report(sz: Sizes, parts: tuple[str, ...] = ("ddp", "zero", "fsdp")) -> None:
     x = torch.randn(16, sz.width, generator=torch.Generator().manual_seed(dist.get_rank()))
     params = sum(p.numel() for p in make_model(sz.width, sz.depth).parameters())
     s = 4 * params
-    say(f"model: {sz.depth} x Linear({sz.width}, {sz.width}), {params} parameters, S = {s / MB:.3f} MB of fp32 "
+    say(f"model: {sz.depth} x Linear({sz.width}, {sz.width}), {params} parameters, S = {s / MB:.3f} MB of fp32\n"
         f"gradients; N = {n} ranks; backward sleeps {2 * sz.seconds * 1e3:g} ms per layer (emulated compute)")
     if "ddp" in parts:
         ddp_table(sz, x, s, say)
@@ -193,7 +193,8 @@ def ddp_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
 
 
 def zero_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
-    say(f"\nZeRO-1, one optimizer step (AdamW's state: 8 bytes per parameter = {2 * s / MB:.3f} MB in all)")
+    say(f"\nZeRO-1, one optimizer step (AdamW's state: 8 bytes per parameter,\n"
+        f"{2 * s / MB:.3f} MB in all)")
     w = [24, 10, 6, 10, 10]
     say(row(["optimizer", "state MB", "calls", "traced MB", "kernel MB"], w))
     for name, r in zero_step(sz, x).items():
@@ -202,8 +203,8 @@ def zero_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
 
 def fsdp_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
     n = dist.get_world_size()
-    say(f"\nFSDP, one step (held: parameter bytes kept between steps; fp32 bytes: 3 S (N-1)/N = "
-        f"{3 * s * (n - 1) / n / MB:.3f} MB)")
+    say(f"\nFSDP, one step (held: parameter bytes kept between steps;\n"
+        f"fp32 bytes: 3 S (N-1)/N = {3 * s * (n - 1) / n / MB:.3f} MB)")
     w = [16, 10, 12, 12, 10]
     say(row(["FSDP", "held MB", "gather MB", "scatter MB", "kernel MB"], w))
     for name, r in fsdp_step(sz, x).items():
