@@ -9,7 +9,9 @@ proves each equal to one process on the whole batch. Read them in this order:
     ddp_bucketed   step 4: hooks fill buckets; a full bucket launches one async all_reduce
     sharded_optimizer   ZeRO-1: each rank keeps the optimizer state of its share only
     fsdp           parameters sharded along dim 0, gathered per module for forward and backward
-    model, measure the same model for every step; what each step costs (time, bytes)
+    model          the model every step is timed on (layers whose backward sleeps)
+    measure        what each step costs: time, collectives, bytes traced and kernel-counted
+    example        train any piece beside one process on the whole batch, and compare
 
 Every class has CS336's shape: wrap the module, train as usual, and call
 `finish_gradient_synchronization()` after backward. The real engines (minidist.ddp,
