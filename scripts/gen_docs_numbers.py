@@ -39,6 +39,9 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_fsdp_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode overlap", 600),
     "trace_overhead": ("python benchmarks/trace_overhead.py", 300),
     "compare": (f"{TORCHRUN.format(n=2)} -m recipes.compare name=docs-compare", 600),
+    "tutorial_ddp": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part ddp", 300),
+    "tutorial_zero": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part zero", 300),
+    "tutorial_fsdp": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part fsdp", 300),
 }
 
 
