@@ -47,6 +47,6 @@ def _errors() -> list[str]:
 
 def test_one_line_errors(run_dist):
     shard, two_d, both = run_dist(2, _errors)[0]
-    assert "shard size 3 must be >= 1 and divide the 2 ranks" in shard
+    assert "hybrid_mesh: shard=3 must divide the 2 processes of the job; valid: 1, 2" in shard, shard
     assert "2-D mesh" in two_d and "mesh['shard']" in two_d
     assert "not both" in both
