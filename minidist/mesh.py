@@ -63,6 +63,10 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def _processes(n: int) -> str:
+    return f"the {n} processes of the job" if n != 1 else "the 1 process of the job"
+
+
 @dataclass(frozen=True)
 class ParallelDims:
     """How many ranks along each dimension; replicate x shard x tp is the world.
@@ -86,13 +90,13 @@ class ParallelDims:
         """
         name = {TP: TP, SHARD: SHARD} | (settings or {})
         if tp < 1 or world_size % tp:
-            raise ValueError(f"{name[TP]}={tp} must divide the {world_size} processes of the job; "
+            raise ValueError(f"{name[TP]}={tp} must divide {_processes(world_size)}; "
                              f"valid: {_divisors(world_size)}")
         dp = world_size // tp
         shard = dp if shard == -1 else shard
         if shard < 1 or dp % shard:
             ranks = f"{dp} data-parallel ranks ({world_size} processes / {name[TP]}={tp})" if tp > 1 \
-                else f"{world_size} processes of the job"
+                else _processes(world_size)[4:]
             raise ValueError(f"{name[SHARD]}={shard} must divide the {ranks}; valid: {_divisors(dp)}")
         return cls(dp // shard, shard, tp, hybrid)
 
