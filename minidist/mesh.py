@@ -174,6 +174,12 @@ class Layout:
         return math.prod(self.mesh.size(self.names.index(d)) for d in self.root_dims(name))
 
     @property
+    def device(self) -> torch.device:
+        """Where this layout's collectives take their tensors (NCCL: the current GPU)."""
+        t = self.mesh.device_type
+        return torch.device(t, torch.cuda.current_device()) if t == "cuda" else torch.device(t)
+
+    @property
     def coordinate(self) -> dict[str, int]:
         """This rank's index along every mesh dimension."""
         return dict(zip(self.names, self.mesh.get_coordinate()))

@@ -62,7 +62,7 @@ def global_norm(params: list[torch.Tensor], layout: Layout, norm_type: float = 2
         if p.grad is not None:
             grads.append(p.grad)
     inf = math.isinf(norm_type)
-    total = torch.zeros((), dtype=torch.float32, device=params[0].device)
+    total = torch.zeros((), dtype=torch.float32, device=layout.device)  # gradients may live elsewhere (CPU offload)
     for dims in sorted(groups):
         part = torch.nn.utils.get_total_norm(groups[dims], norm_type).to(total.device, torch.float32)
         part = part if inf else part ** norm_type
@@ -86,10 +86,10 @@ def gather_whole(tensors: dict[str, torch.Tensor], dims: dict[str, int], layout:
     group = layout[dim].get_group()
     out = dict(tensors)
     for name in sorted(k for k in tensors if k in dims):
-        t = tensors[name].contiguous()
+        t = tensors[name].to(layout.device).contiguous()  # NCCL gathers device tensors only
         parts = [torch.empty_like(t) for _ in range(n)]
         comm.all_gather(parts, t, group=group)
-        out[name] = torch.cat(parts, dim=dims[name])
+        out[name] = torch.cat(parts, dim=dims[name]).to(tensors[name].device)
     return out
 
 
