@@ -33,11 +33,14 @@ def by_name(module: nn.Module) -> dict[str, dict[str, int | None]]:
 
 def redeclare(module: nn.Module, declared: dict[str, dict[str, int | None]], split_by_wrapper: tuple[str, ...]) -> None:
     """After a wrapper replaced `module`'s parameters: each keeps what it declared before (by name),
-    plus what the wrapper declared on it, or else the dimensions the wrapper splits every
-    parameter over (`split_by_wrapper`; tensor dim None: the wrapper decides how)."""
-    for name, p in module.named_parameters(remove_duplicate=False):
-        own = getattr(p, SHARDED_OVER, None)
-        added = own if own is not None else {d: None for d in split_by_wrapper}
+    plus the dimensions the wrapper split it over. A wrapper that declares any of its parameters
+    (shard_param) is taken at its word for all of them (undeclared: whole); one that declares
+    none splits every parameter over `split_by_wrapper` (tensor dim None: the wrapper decides how).
+    """
+    params = list(module.named_parameters(remove_duplicate=False))
+    wrapper_declares = any(hasattr(p, SHARDED_OVER) for _, p in params)
+    for name, p in params:
+        added = sharded_over(p) if wrapper_declares else {d: None for d in split_by_wrapper}
         setattr(p, SHARDED_OVER, declared.get(name, {}) | added)
 
 

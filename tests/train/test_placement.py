@@ -109,3 +109,17 @@ def test_every_strategy_clips_the_whole_models_norm(run_dist):
             assert math.isclose(got[name], got["one process"], rel_tol=1e-5), (name, got[name], got["one process"])
         assert got["full_shard sharded"] == [("dp",)] and got["hybrid_shard sharded"] == [("shard",)]
         assert got["ddp sharded"] == [()] and got["no_shard sharded"] == [()]
+
+
+def test_declarations_survive_a_wrapper_that_makes_new_parameters():
+    from minidist.train.placement import by_name, redeclare
+    before = nn.Linear(4, 4)
+    shard_param(before.weight, TP, 0)  # a tensor-parallel slice, declared before wrapping
+    declared = by_name(before)
+    silent = nn.Linear(4, 4)  # the wrapper's new parameters, nothing declared: it split them all
+    redeclare(silent, declared, (DP,))
+    assert (silent.weight.sharded_over, silent.bias.sharded_over) == ({TP: 0, DP: None}, {DP: None})
+    speaking = nn.Linear(4, 4)  # a wrapper that declares: its undeclared parameters are whole
+    shard_param(speaking.weight, DP, 0)
+    redeclare(speaking, declared, (DP,))
+    assert (speaking.weight.sharded_over, speaking.bias.sharded_over) == ({TP: 0, DP: 0}, {})
