@@ -2,7 +2,7 @@
 
     raw = measure_strategy(cfg, strategy_cfg, topo, train_ds, recorder)
 
-The same composition as training (minidist.train.parallelize: build_mesh, parallelize,
+The same composition as training (minidist.train.parallelize: build_layout, parallelize,
 build_optimizer; minidist.train.task for the model and its loss; BatchStream for this rank's
 data), the same seed, so every strategy starts from the same weights and reads the same
 batches. Per strategy:
@@ -32,7 +32,7 @@ from minidist.compare.memory import MemoryLedger, roles_of
 from minidist.compare.recorder import StepRecorder
 from minidist.mesh import dp_rank, dp_size
 from minidist.train.data import BatchStream
-from minidist.train.parallelize import build_mesh, build_optimizer, clip_grad_norm_, parallelize
+from minidist.train.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize
 from minidist.train.task import make_task
 
 PhaseFn = Callable[[str], ContextManager]
@@ -43,7 +43,7 @@ class Bench:
 
     def __init__(self, cfg, strategy_cfg, topo: Topology, train_ds):
         self.cfg, self.topo = cfg, topo
-        self.mesh = build_mesh(strategy_cfg, topo)
+        self.mesh = build_layout(strategy_cfg, topo)
         torch.manual_seed(cfg.trainer.seed)
         self.task = make_task(cfg.model)
         model, self.blocks = self.task.build()
@@ -65,7 +65,7 @@ class Bench:
             loss.backward()
         with phase("optimizer"):
             if clip > 0:
-                clip_grad_norm_(self.model, clip)
+                clip_grad_norm_(self.model, clip, self.mesh)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 

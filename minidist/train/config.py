@@ -86,6 +86,9 @@ class DDPStrategy:
     """Broadcast buffers (BatchNorm statistics) from rank 0 before every forward."""
     comm_hook: Optional[str] = None
     """'module:function' of a DDP communication hook, or null for plain all_reduce."""
+    tp_size: int = 1
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
+    1 until minidist's tensor parallelism lands)."""
 
 
 @dataclass
@@ -114,6 +117,9 @@ class FSDPStrategy:
     """Dtype parameters are all-gathered and computed in (null = their own)."""
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are reduce-scattered in (null = param_dtype)."""
+    tp_size: int = 1
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
+    1 until minidist's tensor parallelism lands)."""
 
 
 @dataclass
