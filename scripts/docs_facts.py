@@ -34,6 +34,8 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "docs" / "generated"
+if str(ROOT) not in sys.path:  # run as a script: the checkout's `recipes` must be importable
+    sys.path.insert(0, str(ROOT))
 
 
 @dataclass(frozen=True)
@@ -469,7 +471,6 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
-    sys.path.insert(0, str(ROOT))
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     try:
