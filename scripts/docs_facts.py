@@ -25,105 +25,14 @@ import copy
 import importlib.util
 import inspect
 import io
-import re
 import sys
 import textwrap
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-GENERATED = ROOT / "docs" / "generated"
-if str(ROOT) not in sys.path:  # run as a script: the checkout's `recipes` must be importable
-    sys.path.insert(0, str(ROOT))
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One structural fact of a snippet; `kind` says how it is checked.
-
-    cell: the table row whose leading cells read `row`, in the column headed `column`,
-          reads `expect` (tokens compared as a set when `as_set`: "AG17 AR1 RS9").
-    line: some line starting with `prefix` fully matches the regular expression `pattern`.
-    text: `expect` appears verbatim.
-    """
-
-    kind: str
-    what: str
-    expect: str = ""
-    row: str = ""
-    column: str = ""
-    as_set: bool = False
-    prefix: str = ""
-    pattern: str = ""
-
-
-def cell(what: str, row: str, column: str, expect, as_set: bool = False) -> Fact:
-    return Fact("cell", what, str(expect), row=row, column=column, as_set=as_set)
-
-
-def text(what: str, expect: str) -> Fact:
-    return Fact("text", what, expect)
-
-
-def line(what: str, prefix: str, pattern: str) -> Fact:
-    return Fact("line", what, prefix=prefix, pattern=pattern)
-
-
-# --------------------------------------------------------------------------- checking
-
-
-def _norm(s: str) -> str:
-    return " ".join(s.split())
-
-
-def read_cell(snippet: str, row: str, column: str) -> str | None:
-    """The text under header `column` in the row whose leading cells read `row`, or None.
-
-    Console tables here align each cell with its header (right- or left-justified to the same
-    column), so the cell is every token of the row that overlaps the header's span.
-    """
-    lines = snippet.splitlines()
-    key = _norm(row) + " "
-    for i, head in enumerate(lines):
-        m = re.search(rf"(?<!\S){re.escape(column)}(?!\S)", head)
-        if not m:
-            continue
-        for body in lines[i + 1:]:
-            if not body.strip():
-                break
-            if (_norm(body) + " ").startswith(key):
-                toks = [t for t in re.finditer(r"\S+", body) if t.start() < m.end() and t.end() > m.start()]
-                return " ".join(t.group() for t in toks)
-    return None
-
-
-def check(snippet: str, facts: list[Fact]) -> list[str]:
-    """Every fact the snippet contradicts, as one line each ([] when it agrees with the code)."""
-    bad = []
-    for f in facts:
-        if f.kind == "cell":
-            got = read_cell(snippet, f.row, f.column)
-            same = (got is not None and (set(got.split()) == set(f.expect.split()) if f.as_set
-                                         else _norm(got) == _norm(f.expect)))
-            if not same:
-                bad.append(f"{f.what}: row {f.row!r}, column {f.column!r} reads {got!r}; the code gives {f.expect!r}")
-        elif f.kind == "line":
-            hits = [s for s in snippet.splitlines() if s.startswith(f.prefix)]
-            if not any(re.fullmatch(f.pattern, s[len(f.prefix):]) for s in hits):
-                bad.append(f"{f.what}: no line {f.prefix!r}... has the code's wording; the snippet has "
-                           f"{[s[:120] for s in hits] or 'none'}")
-        elif f.expect not in snippet:
-            bad.append(f"{f.what}: the snippet does not contain the code's text:\n{textwrap.indent(f.expect, '    ')}")
-    return bad
-
-
-def to_json(facts: dict[str, list[Fact]]) -> dict:
-    return {name: [asdict(f) for f in fs] for name, fs in facts.items()}
-
-
-def from_json(data: dict) -> dict[str, list[Fact]]:
-    return {name: [Fact(**f) for f in fs] for name, fs in data.items()}
+from snippet_check import (GENERATED, ROOT, STAMP, Fact, _norm, cell, check, from_json, line,  # noqa: F401
+                           read_cell, text, to_json)
 
 
 # --------------------------------------------------------------------------- the facts
@@ -437,10 +346,6 @@ def registry() -> dict[str, Snippet]:
         if job != "code" and not any(s.job == job for s in snippets.values()):
             snippets[job] = Snippet(job, "", "every number (no structural facts registered for it yet)")
     return snippets
-
-
-STAMP = re.compile(r"(Measured|Quoted) at commit `([0-9a-f]{7,40})`")
-"""How a snippet names the commit that produced it (written by scripts/gen_docs_numbers.py)."""
 
 
 def describe(name: str) -> str:
