@@ -72,15 +72,13 @@ def read_cell(snippet: str, row: str, column: str) -> str | None:
     """
     lines = snippet.splitlines()
     key = _norm(row) + " "
-    for i, head in enumerate(lines):
-        m = re.search(rf"(?<!\S){re.escape(column)}(?!\S)", head)
-        if not m:
+    for r, body in enumerate(lines):
+        if not (_norm(body) + " ").startswith(key):
             continue
-        others = [w.span() for w in re.finditer(r"\S+", head) if w.end() <= m.start() or w.start() >= m.end()]
-        for body in lines[i + 1:]:
-            if not body.strip():
-                break
-            if (_norm(body) + " ").startswith(key):
+        for head in lines[r - 1::-1] if r else []:  # the nearest line above that has the header
+            m = re.search(rf"(?<!\S){re.escape(column)}(?!\S)", head)
+            if m:
+                others = [w.span() for w in re.finditer(r"\S+", head) if w.end() <= m.start() or w.start() >= m.end()]
                 return _cell_of(list(re.finditer(r"\S+", body)), m.span(), others)
     return None
 
