@@ -36,6 +36,9 @@ from minidist.ddp.reducer import Reducer
 from minidist.mesh import group_of
 from minidist.verify import verify_same_model
 
+REDUCED_MARK = "_minidist_ddp_reduced"
+"""Set on the parameters DDP reduces (minidist.zero.ShardedOptimizer refuses them: it reduces its own)."""
+
 
 class DDP(nn.Module):
     """Data parallelism: replicate `module`, average gradients with bucketed async all_reduce.
@@ -70,6 +73,8 @@ class DDP(nn.Module):
         verify_same_model(named, module.named_buffers(), process_group, "DDP")
         self._broadcast([p.detach() for _, p in named] + self._buffers_to_sync)
         trainable = [(n, p) for n, p in named if p.requires_grad]  # frozen ones are simply left out
+        for _, p in trainable:
+            setattr(p, REDUCED_MARK, True)  # a ShardedOptimizer over them would reduce them a second time
         if not trainable:
             raise ValueError("DDP: the module has no parameter that requires grad; there is nothing to reduce")
         policy = ReducerPolicy(bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view)

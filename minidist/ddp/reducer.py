@@ -95,8 +95,13 @@ class Reducer:
         self._order = ReadyOrder(len(params))
         self._build(list(reversed(range(len(params)))))
         ref = weakref.ref(self)  # hooks must not keep a discarded DDP alive
-        for i, p in enumerate(params):
-            p.register_post_accumulate_grad_hook(_make_hook(ref, i))
+        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(params)]
+
+    def remove_hooks(self) -> None:
+        """Unhook every parameter (an engine that rebuilds its reducer over more parameters)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
     # ---------------------------------------------------------------- layout
     def _build(self, order: list[int]) -> None:
