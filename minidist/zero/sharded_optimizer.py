@@ -102,7 +102,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not params:
             raise ValueError("ShardedOptimizer: a parameter group without parameters that require grad")
         first = len(self._params)
-        names = [f"#{first + i} {tuple(p.shape)}" for i, p in enumerate(params)]
+        names = [f"param {first + i}" for i in range(len(params))]
         verify_same_model(list(zip(names, params)), [], self.process_group, "ShardedOptimizer")
         _broadcast_from_rank0(params, self.process_group)
         local = self.engine.add_params(params, first, names)
