@@ -230,7 +230,8 @@ class ZeroBucket:
     def launch_gather(self) -> None:
         """all_gather every rank's slice straight into flat_param: the parameters themselves."""
         assert self.param_state is ParamState.UPDATED, f"bucket {self.index}: gather while {self.param_state.name}"
-        self._gather = comm.all_gather(self.flat_param, self._own, group=self.group, async_op=True)
+        self._gather = comm.all_gather(self.flat_param, self._own, group=self.group, async_op=True,
+                                       algorithm="auto")  # gloo: the ring, which stages nothing
         self.param_state = ParamState.GATHERING
 
     def wait_gather(self) -> None:

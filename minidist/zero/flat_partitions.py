@@ -45,6 +45,10 @@ from minidist.zero.layout import BucketLayout, Piece
 from minidist.zero.reduce_scatter import GradientReducer
 
 
+MAX_INFLIGHT_REDUCTIONS = 2
+"""ZeRO-2: buckets whose gradient may be reduce_scattering at once (DeepSpeed double-buffers its bucket)."""
+
+
 class FlatPartitions:
     """The paper's engine behind ShardedOptimizer (stage 1 or 2)."""
 
@@ -56,7 +60,7 @@ class FlatPartitions:
         self.mp = mp_policy or MixedPrecisionPolicy()
         self.buckets: list[ZeroBucket] = []
         self.gather = ParamGather(overlap_param_gather)
-        self.reducer = GradientReducer(self.gather.wait_all)
+        self.reducer = GradientReducer(self.gather.wait_all, max_inflight=MAX_INFLIGHT_REDUCTIONS if stage == 2 else None)
         self._bucket_of: dict[int, ZeroBucket] = {}
         self._module: nn.Module | None = None
         self._cast_handle = None

@@ -21,6 +21,11 @@ Cost per rank and step: a reduce_scatter of the S gradient bytes, S (N-1)/N sent
 DDP's all_reduce. The other half is the parameter all_gather after step()
 (all_gather.py): in total exactly DDP's 2 S (N-1)/N.
 
+ZeRO-2 frees each bucket's gradient buffer when its reduce_scatter completes
+(checked at every launch) and keeps at most ``max_inflight`` of them in flight: a
+backward faster than the wire would otherwise hold every bucket at once, the whole
+gradient, which is what ZeRO-2 is meant not to hold.
+
 Whether a backward reduces is decided when it starts (its first hook), from
 ``require_backward_grad_sync`` (False inside ShardedOptimizer.no_sync()): so the
 backward, not only the forward, must run inside no_sync (DDP decides in the
@@ -54,8 +59,11 @@ class BackwardState(enum.Enum):
 class GradientReducer:
     """Owns the gradient hooks, the launch order and the end-of-backward wait."""
 
-    def __init__(self, on_backward_start: Callable[[], None]):
+    def __init__(self, on_backward_start: Callable[[], None], max_inflight: int | None = None):
         self.on_backward_start = on_backward_start
+        self.max_inflight = max_inflight
+        """ZeRO-2: at most this many reduce_scatters in flight (their buffers alive); launching one
+        more first waits for the oldest. None: no limit (ZeRO-1's buffers live anyway)."""
         """Called when a backward starts (before any gradient is folded): waits for pending all_gathers."""
         self.buckets: list[ZeroBucket] = []
         self.names: list[list[str]] = []
@@ -98,6 +106,8 @@ class GradientReducer:
         """Launch every FULL bucket from the next one in order; stop at the first that is not."""
         while self._next < len(self.buckets) and self.buckets[self._next].grad_state is GradState.FULL:
             bucket = self.buckets[self._next]
+            if self.max_inflight is not None and len(self._launched) >= self.max_inflight:
+                self._launched.pop(0).finish()  # bounds the gradient memory in flight (ZeRO-2)
             bucket.launch()
             self._launched.append(bucket)
             self._next += 1
