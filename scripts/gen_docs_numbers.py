@@ -39,6 +39,8 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_fsdp_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/fsdp_vs_torch.py --mode overlap", 600),
     "trace_overhead": ("python benchmarks/trace_overhead.py", 300),
     "compare": (f"{TORCHRUN.format(n=2)} -m recipes.compare name=docs-compare", 600),
+    "lesson_zero1_vs_ddp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.zero1_vs_ddp", 600),
+    "bench_zero_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/zero_overlap.py", 600),
 }
 
 
