@@ -14,8 +14,9 @@ from minidist.ddp import DDP
 from minidist.zero import ShardedOptimizer
 from tests.common import MLP, seeded
 
-CAP_MB = 0.05
-"""Buckets of 50 KiB, 8 for the model's 0.46 MB: what is in flight at once is a small part of psi."""
+CAP_MB = 0.03
+"""Buckets of 30 KiB, one per layer (16): what ZeRO-2 has in flight at once (at most two reducing and
+one filling) is a small part of psi."""
 ENGINES = {"ddp": None, "zero1": dict(stage=1), "zero2": dict(stage=2), "owner_broadcast": dict(owner_broadcast=True)}
 
 
@@ -34,11 +35,11 @@ def profiled_peak(fn) -> int:
 
 
 def _peaks() -> dict:
-    x = torch.randn(2, 64, generator=seeded(dist.get_rank()))  # a small batch: model states dominate
+    x = torch.randn(2, 96, generator=seeded(dist.get_rank()))  # a small batch: model states dominate
     out = {}
     for name, kw in ENGINES.items():
         torch.manual_seed(0)
-        model = MLP(d_in=64, hidden=128, d_out=64, depth=8)
+        model = MLP(d_in=96, hidden=96, d_out=96, depth=16)
         if kw is None:
             model = DDP(model, bucket_cap_mb=CAP_MB)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -47,7 +48,7 @@ def _peaks() -> dict:
 
         def step():
             opt.zero_grad()
-            F.mse_loss(model(x), torch.zeros(2, 64)).backward()
+            F.mse_loss(model(x), torch.zeros(2, 96)).backward()
             opt.step()
 
         for _ in range(2):  # the optimizer state exists, DDP's buckets are rebuilt
