@@ -13,8 +13,10 @@ nvidia-smi -L; $PY -c "import torch; print('torch', torch.__version__, torch.cud
 rc=0
 $TR checks/cuda_check.py || rc=1
 $TR recipes/collectives_tour.py --numel 4194304 2>&1 | tail -9 || rc=1
-for s in ddp zero1 full_shard; do
+for s in ddp zero1 zero2 full_shard; do
   $TR -m recipes.train experiment=gpt_tiny strategy=$s trainer.precision=bf16 trainer.steps=40 \
       logger.mode=disabled out_dir=$RUNS name=$s 2>&1 | grep -E "final|baseline|error" || rc=1
 done
+$TR -m recipes.train experiment=gpt_tiny strategy=zero2 trainer.precision=fp16 trainer.steps=40 \
+    logger.mode=disabled out_dir=$RUNS name=zero2-fp16 2>&1 | grep -E "final|baseline|error" || rc=1
 exit $rc

@@ -8,7 +8,9 @@ Per step and rank, S = bytes of the parameters (FSDP: of the units' flat buffers
 multiple of the shard group), N ranks, ring model (minidist.comm.trace.ring_bytes_sent):
 
     ddp            one all_reduce per gradient bucket                     2 S (N-1)/N
-    zero1          ddp's, plus one broadcast of each owner's share of      2 S (N-1)/N + S
+    zero1, zero2   per bucket: reduce_scatter (backward), all_gather of the  2 S (N-1)/N
+                   updated partitions (after step), buckets padded to N
+    zero1_broadcast  ddp's, plus one broadcast of each owner's share of    2 S (N-1)/N + S
                    the updated parameters (every rank forwards each share
                    in a pipelined ring; an all_gather would send S (N-1)/N)
     shard_grad_op  per unit: all_gather (forward), reduce_scatter          2 S (N-1)/N
@@ -33,7 +35,8 @@ import torch.nn as nn
 from minidist.comm.trace import ring_bytes_sent
 from minidist.zero.partition import partition_by_numel
 
-CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "2S(N-1)/N + S", "shard_grad_op": "2S(N-1)/N",
+CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "2S(N-1)/N", "zero2": "2S(N-1)/N", "zero1_broadcast": "2S(N-1)/N + S",
+               "shard_grad_op": "2S(N-1)/N",
                "full_shard": "(3S-S_root)(N-1)/N", "hybrid_shard": "(3S-S_root)(G-1)/G + 2(S/G)(R-1)/R",
                "no_shard": "2S(N-1)/N",
                "single": "0"}
@@ -127,9 +130,12 @@ def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, 
     b, n = lay.itemsize, world
     if n <= 1 or strategy == "single":
         return []
-    if strategy in ("ddp", "zero1"):
+    if strategy in ("zero1", "zero2"):
+        calls = [Call(op, _padded(x, n) * b, n) for x in lay.bucket_numels for op in ("reduce_scatter", "all_gather")]
+        return calls + ([Call("all_reduce", 4, n)] if grad_clip else [])
+    if strategy in ("ddp", "zero1_broadcast"):
         calls = [Call("all_reduce", x * b, n) for x in lay.bucket_numels]
-        if strategy == "zero1":
+        if strategy == "zero1_broadcast":
             shares = ([lay.psi // n] * n if lay.even_shares else
                       [sum(s) for s in zero1_partition(lay.param_numels, n) if s])
             calls += [Call("broadcast", s * b, n) for s in shares]

@@ -19,10 +19,13 @@ engines' buffers and gradients in flight coexist. profile_step() records the pla
 step on fake tensors; for each of its samples (and for the optimizer step) this module adds
 what the engine holds at that point, by the engine's own rules:
 
-    ddp, zero1      whole parameters; gradient buckets (a second copy of the gradients, kept for
-                    the whole run); the plain model's gradients as backward produces them.
-                    ZeRO-1: K psi / N (its largest share), and after step() every share is
+    ddp, zero1_broadcast  whole parameters; gradient buckets (a second copy of the gradients, kept
+                    for the whole run); the plain model's gradients as backward produces them.
+                    zero1_broadcast: K psi / N (its largest share), and after step() every share is
                     broadcast from its owner: p psi of flat buffers at once
+    zero1, zero2    flat partitions (minidist.zero): K psi / N and the partition's gradient; zero1
+                    keeps one whole gradient buffer (g psi, reduced in place), zero2 holds its
+                    buckets only while they reduce (bounded here by g psi in backward, none after)
     FSDP            this rank's shards (padded to a multiple of N); the units unsharded at that
                     point of the schedule: full_shard, the root (it encloses every other unit),
                     the running unit and max_inflight prefetched ones; shard_grad_op, every unit
@@ -55,7 +58,8 @@ from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "sgd": 1}
 """Parameter-sized state tensors: AdamW's two moments, SGD's momentum buffer. K = that x itemsize
 (8 bytes per parameter for fp32 AdamW): torch's optimizers keep state in the parameters' dtype."""
-STAGE = {"single": 0, "ddp": 0, "no_shard": 0, "zero1": 1, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
+STAGE = {"single": 0, "ddp": 0, "no_shard": 0, "zero1": 1, "zero1_broadcast": 1, "zero2": 2, "shard_grad_op": 2,
+         "full_shard": 3, "hybrid_shard": 3}
 """What each strategy shards, as a ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters."""
 FSDP_NAMES = ("shard_grad_op", "full_shard", "hybrid_shard", "no_shard")
 
@@ -112,12 +116,15 @@ def _layout(prof: StepProfile, strategy: str, world: int, k: int, shard_size: in
     if strategy not in FSDP_NAMES:
         params, psi = prof.param_numels, prof.psi
         mine = params
-        if strategy == "zero1":  # the rank with the largest share sets the peak
+        if strategy == "zero1_broadcast":  # the rank with the largest share sets the peak
             mine = max(zero1_partition(params, world), key=sum)
+        if strategy in ("zero1", "zero2"):  # one partition per bucket; a bound: one bucket
+            mine = [-(-psi // world)]
         return _Layout(params=psi * b, optimizer=k * sum(mine) + step_b * len(mine),
-                       buckets=0 if strategy == "single" else psi * b,
-                       step_buffers=psi * b if strategy == "zero1" and world > 1 else 0,
-                       opt_temp=2 * max(mine) * b if k else 0)
+                       buckets=0 if strategy in ("single", "zero2") else psi * b,
+                       step_buffers=psi * b if strategy == "zero1_broadcast" and world > 1 else 0,
+                       opt_temp=2 * max(mine) * b if k else 0,
+                       shard=(sum(mine) * b,) if strategy == "zero2" else ())
     n = 1 if strategy == "no_shard" else (shard_size or world) if strategy == "hybrid_shard" else world
     padded = [-(-u // n) * n for u in prof.unit_numels]
     shards = [p // n for p in padded]
@@ -172,6 +179,8 @@ def _at_sample(prof: StepProfile, smp: Sample, strategy: str, lay: _Layout, pref
         full = lay.full if lay.full else ()
         gathered = sum(full[u] for u in _gathered(prof, smp, strategy, *prefetch)) if full else 0
         return roles | {"gradients": grads, "buffers": gathered + flat}
+    if strategy in ("zero1", "zero2"):  # each gradient is folded into its bucket and freed by its hook
+        return roles | {"gradients": 0, "buffers": prof.psi * prof.itemsize if smp.backward else lay.buckets}
     return roles | {"gradients": sum(smp.grads), "buffers": lay.buckets}
 
 
@@ -212,6 +221,8 @@ def _last_backward_samples(prof: StepProfile) -> list[Sample]:
 
 def _at_optimizer(prof: StepProfile, strategy: str, lay: _Layout) -> dict:
     grads = sum(lay.shard) if strategy in FSDP_NAMES else prof.psi * prof.itemsize
+    if strategy in ("zero1", "zero2"):  # zero1: the partition's gradient is a view of the buffer
+        grads = sum(lay.shard)
     other = 0 if lay.step_buffers else lay.opt_temp  # ZeRO-1 broadcasts after the update's temporaries are gone
     return {"parameters": lay.params, "optimizer": lay.optimizer, "gradients": grads,
             "buffers": lay.buckets + lay.step_buffers, "activations": 0, "other": other}

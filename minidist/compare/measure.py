@@ -65,11 +65,14 @@ class Bench:
             loss.backward()
         with phase("optimizer"):
             if clip > 0:
-                clip_grad_norm_(self.model, clip, self.mesh)
+                clip_grad_norm_(self.model, clip, self.mesh, self.optimizer)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
     def bucket_numels(self) -> list[int]:
+        engine = getattr(self.optimizer, "engine", None)  # ZeRO: its buckets (padded)
+        if engine is not None:
+            return engine.buffer_numels()
         reducer = getattr(self.model, "reducer", None)
         return [b.flat.numel() for b in reducer.buckets] if reducer is not None else []
 

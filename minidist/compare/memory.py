@@ -226,7 +226,14 @@ def roles_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RoleSo
                 buffers.append(flat_grad)
                 grads.append(shard_grad)
             grads += [p.grad for p in flat.unsharded_params]
+        engine = getattr(optimizer, "engine", None)  # minidist.ShardedOptimizer (ZeRO)
+        for bucket in getattr(engine, "buckets", ()):
+            if bucket.grad_flat is not None:
+                buffers.append(bucket.grad_flat)
+            grads.append(bucket.master.grad)
         reducer = getattr(model, "reducer", None)
+        if reducer is None and not hasattr(engine, "buckets"):  # ZeRO's owner-broadcast variant: DDP's reducer
+            reducer = getattr(engine, "reducer", None)
         if reducer is not None:
             buffers += [b.flat for b in reducer.buckets]
         state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]

@@ -1,8 +1,9 @@
 """Parallelism by composition: a layout, the wrappers applied over its dimensions, then the optimizer.
 
     layout = build_layout(cfg.strategy, topo)                        # which ranks do what
-    model = parallelize(model, layout, cfg.strategy, block_types)    # DDP / FSDP over the layout
-    optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim)   # ZeRO-1 shards it
+    policy = precision_policy(cfg.trainer, cfg.strategy)             # trainer.precision: engine dtypes
+    model = parallelize(model, layout, cfg.strategy, block_types, policy)    # DDP / FSDP over the layout
+    optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)   # ZeRO shards it
 
 Each strategy is a short list of steps, not a branch in every method; each engine is
 handed the sub-mesh it works over, by name (minidist.mesh):
@@ -10,7 +11,9 @@ handed the sub-mesh it works over, by name (minidist.mesh):
     strategy       layout                           model step                 optimizer step
     single         "dp" of size 1                   -                          plain
     ddp            "dp" = N replicas                DDP over "dp"              plain
-    zero1          "dp" = N replicas                DDP over "dp"              ShardedOptimizer over "dp"
+    zero1, zero2   "dp" = N replicas                -                          ShardedOptimizer(stage=1|2) over "dp"
+                                                                               (it hooks the gradients itself)
+    zero1_broadcast "dp" = N replicas               -                          ShardedOptimizer(owner_broadcast=True)
     full_shard,
     shard_grad_op  "dp" = N shards                  FSDP over "dp"             plain (over the shards)
     no_shard       "dp" = N replicas                FSDP over "dp"             plain
@@ -40,12 +43,15 @@ import torch.nn as nn
 import minidist
 from minidist.fsdp import ShardingStrategy
 from minidist.mesh import DP, REPLICATE, SHARD, TP, Layout, ParallelDims
+from minidist.precision import MixedPrecisionPolicy
 from minidist.runtime import Topology
 from minidist.train import placement
 
 FSDP_STRATEGIES = tuple(s.value for s in ShardingStrategy)
 """Strategies that are minidist.FSDP's sharding_strategy values."""
-DDP_STRATEGIES = ("ddp", "zero1")
+DDP_STRATEGIES = ("ddp",)
+ZERO_STRATEGIES = ("zero1", "zero2", "zero1_broadcast")
+"""Strategies whose optimizer is minidist.ShardedOptimizer (the model is not wrapped)."""
 SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size"}
 """The config keys that set each degree, for one-line errors."""
 
@@ -71,36 +77,55 @@ def build_layout(strategy_cfg, topo: Topology) -> Layout:
     return dims.build(topo.device.type)
 
 
-def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tuple[type, ...]) -> nn.Module:
+def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tuple[type, ...],
+                policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """Wrap `model` (already on its device) as the strategy says; returns what forward/backward run on."""
     name = strategy_cfg.name
     if name in FSDP_STRATEGIES:
         declared = placement.by_name(model)  # FSDP makes new parameters: carry declarations by name
         hybrid = name == ShardingStrategy.HYBRID_SHARD.value
         wrapped = _apply_fsdp(model, layout[(REPLICATE, SHARD)] if hybrid else layout[DP], strategy_cfg,
-                              block_types)
+                              block_types, policy)
         split = (SHARD,) if hybrid else () if name == ShardingStrategy.NO_SHARD.value else (DP,)
         placement.redeclare(unwrap(wrapped), declared, split)
         return wrapped
     if name in DDP_STRATEGIES:
-        return _apply_ddp(model, layout[DP], strategy_cfg)
+        return _apply_ddp(model, layout[DP], strategy_cfg, policy)
     return model
 
 
-def _apply_ddp(model: nn.Module, mesh, cfg) -> nn.Module:
+def _apply_ddp(model: nn.Module, mesh, cfg, policy: MixedPrecisionPolicy | None) -> nn.Module:
     return minidist.DDP(model, device_mesh=mesh, bucket_cap_mb=cfg.bucket_cap_mb,
                         find_unused_parameters=cfg.find_unused_parameters,
                         gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-                        broadcast_buffers=cfg.broadcast_buffers, comm_hook=_comm_hook(cfg.comm_hook))
+                        broadcast_buffers=cfg.broadcast_buffers, comm_hook=_comm_hook(cfg.comm_hook),
+                        mixed_precision=policy)
 
 
-def _apply_fsdp(model: nn.Module, mesh, cfg, block_types: tuple[type, ...]) -> nn.Module:
+def _apply_fsdp(model: nn.Module, mesh, cfg, block_types: tuple[type, ...],
+                policy: MixedPrecisionPolicy | None) -> nn.Module:
+    policy = policy or MixedPrecisionPolicy(cfg.param_dtype.torch_dtype if cfg.param_dtype else None,
+                                            cfg.reduce_dtype.torch_dtype if cfg.reduce_dtype else None)
     return minidist.FSDP(model, mesh=mesh, wrap=set(block_types) if cfg.wrap_blocks else None,
                          sharding_strategy=cfg.name, forward_prefetch=cfg.forward_prefetch,
                          backward_prefetch=cfg.backward_prefetch,
                          max_inflight_all_gathers=cfg.max_inflight_all_gathers,
-                         param_dtype=cfg.param_dtype.torch_dtype if cfg.param_dtype else None,
-                         reduce_dtype=cfg.reduce_dtype.torch_dtype if cfg.reduce_dtype else None)
+                         param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
+
+
+def precision_policy(trainer_cfg, strategy_cfg) -> MixedPrecisionPolicy | None:
+    """The engines' dtypes: trainer.precision (bf16, fp16) for the parameters' compute copy and, unless
+    the strategy sets its own reduce_dtype (or param_dtype, FSDP), for the gradient reduction too."""
+    precision = trainer_cfg.precision.value
+    own_param = getattr(strategy_cfg, "param_dtype", None)
+    own_reduce = getattr(strategy_cfg, "reduce_dtype", None)
+    param = own_param.torch_dtype if own_param else _DTYPES.get(precision)
+    if param is None and own_reduce is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=own_reduce.torch_dtype if own_reduce else None)
+
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _comm_hook(path: str | None) -> Callable | None:
@@ -112,11 +137,15 @@ def _comm_hook(path: str | None) -> Callable | None:
     return getattr(importlib.import_module(mod), fn)
 
 
-def build_optimizer(model: nn.Module, layout: Layout, strategy_cfg, optim_cfg) -> torch.optim.Optimizer:
-    """The optimizer over what the model trains: sharded over "dp" for zero1, plain otherwise."""
+def build_optimizer(model: nn.Module, layout: Layout, strategy_cfg, optim_cfg,
+                    policy: MixedPrecisionPolicy | None = None) -> torch.optim.Optimizer:
+    """The optimizer over what the model trains: sharded over "dp" for the ZeRO strategies, plain otherwise."""
     cls, kwargs = optimizer_class(optim_cfg)
-    if strategy_cfg.name == "zero1":
-        return minidist.ShardedOptimizer(list(model.parameters()), cls, mesh=layout[DP], **kwargs)
+    if strategy_cfg.name in ZERO_STRATEGIES:
+        variant = dict(owner_broadcast=True) if strategy_cfg.name == "zero1_broadcast" else dict(
+            stage=int(strategy_cfg.name[-1]), mp_policy=policy, overlap_param_gather=strategy_cfg.overlap_param_gather)
+        return minidist.ShardedOptimizer(list(model.parameters()), cls, mesh=layout[DP], module=model,
+                                         bucket_cap_mb=strategy_cfg.bucket_cap_mb, **variant, **kwargs)
     return cls(model.parameters(), **kwargs)
 
 
@@ -137,12 +166,18 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
-def no_sync(model: nn.Module):
-    """Skip gradient communication for an accumulation micro-step (nothing to skip without a wrapper)."""
-    return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+def no_sync(model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
+    """Skip gradient communication for an accumulation micro-step: the engine that reduces the gradients
+    (the model's wrapper, or ZeRO's optimizer) offers no_sync; nothing to skip without one. Put the
+    backward inside the block too: ZeRO (and FSDP) read it there, DDP in the forward."""
+    for engine in (model, optimizer):
+        if hasattr(engine, "no_sync"):
+            return engine.no_sync()
+    return contextlib.nullcontext()
 
 
-def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, optimizer: torch.optim.Optimizer | None = None,
+                    norm_type: float = 2.0) -> torch.Tensor:
     """Clip the global gradient norm; returns it as a tensor (reading it is a host sync: log steps only).
 
     The norm of the whole model's gradient whatever is split where: each parameter's
@@ -150,7 +185,11 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, norm_type
     "shard", a tensor-parallel slice over "tp"), replicated ones counted once
     (minidist.train.placement.global_norm). Then every gradient is scaled by
     min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ does.
+    ZeRO keeps the averaged gradients in its optimizer's partitions (p.grad is None
+    after backward), so there the optimizer clips (one scalar all_reduce over "dp").
     """
+    if hasattr(optimizer, "clip_grad_norm_"):
+        return optimizer.clip_grad_norm_(max_norm)
     params = list(model.parameters())
     total = placement.global_norm(params, layout, norm_type)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)

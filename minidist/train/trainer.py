@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from omegaconf import OmegaConf
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from minidist import Topology, comm
 from minidist.mesh import Layout
@@ -37,7 +38,7 @@ from minidist.train.checkpoint import Checkpointer
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
 from minidist.train.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
-                                        parallelize)
+                                        parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config
 from minidist.train.task import make_task
@@ -66,6 +67,8 @@ class Run:
     logger: NullLogger
     info: dict
     preemption: PreemptionWatch | None = None
+    scaler: Any = None
+    """fp16: the loss scaler (torch's ShardedGradScaler: every rank skips a step with an inf together)."""
     start_step: int = 0
     stop_requested: bool = False
     preempted: bool = False
@@ -78,8 +81,8 @@ class Run:
         self.stop_requested = True
 
     def autocast(self):
-        bf16 = self.cfg.trainer.precision.value == "bf16"
-        return torch.autocast(self.topo.device.type, dtype=torch.bfloat16, enabled=bf16)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.trainer.precision.value)
+        return torch.autocast(self.topo.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 @dataclass
@@ -120,14 +123,16 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
     task = make_task(cfg.model)
     model, blocks = task.build()  # identical init on every rank (same seed)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}  # the whole model's, for checkpoints
-    model = parallelize(model.to(topo.device), layout, cfg.strategy, blocks)
-    optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim)
+    policy = precision_policy(tc, cfg.strategy)  # trainer.precision: the engines' dtypes
+    model = parallelize(model.to(topo.device), layout, cfg.strategy, blocks, policy)
+    optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)
+    scaler = ShardedGradScaler(topo.device.type) if tc.precision.value == "fp16" else None
     train_ds, val_ds, info = build_datasets(cfg, topo)
     rank, world = layout.dp_rank, layout.dp_size  # ranks that differ only in tp read the same data
     stream = BatchStream(train_ds, tc.batch_size, rank, world, tc.seed)
     val_stream = BatchStream(val_ds, tc.batch_size, rank, world, tc.seed, shuffle=False)
     ckpt = Checkpointer(run_dir, tc.keep_last, model, optimizer, layout, shapes=shapes, strategy=cfg.strategy.name)
-    start, resumed_from, note = _resume(cfg, ckpt, stream)  # validates the checkpoint before any file is written
+    start, resumed_from, note = _resume(cfg, ckpt, stream, scaler)  # validates the checkpoint before any file is written
     logger = NullLogger()
     if layout.is_main:
         write_config(plan, cfg, request)
@@ -141,12 +146,12 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
     comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
     return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
-               watch, start)
+               watch, scaler, start)
 
 
-def _resume(cfg, ckpt: Checkpointer, stream: BatchStream) -> tuple[int, Path | None, str]:
+def _resume(cfg, ckpt: Checkpointer, stream: BatchStream, scaler=None) -> tuple[int, Path | None, str]:
     """(first step to run, the checkpoint it comes from, what was not carried over): restores model,
-    optimizer, RNG and data position."""
+    optimizer, RNG, data position and the fp16 loss scale."""
     if cfg.resume == "never":
         return 0, None, ""
     d = ckpt.usable(None if cfg.resume == "auto" else Path(cfg.resume))
@@ -154,6 +159,8 @@ def _resume(cfg, ckpt: Checkpointer, stream: BatchStream) -> tuple[int, Path | N
         return 0, None, ""
     state = ckpt.load(d)
     stream.load_state_dict(state["data"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
     return int(state["step"]), d, state["note"]
 
 
@@ -174,12 +181,19 @@ def train_step(run: Run, step: int) -> StepStats:
             batch = [b.to(run.topo.device, non_blocking=True) for b in next(run.stream)]
             items += run.task.count(batch)
             last = micro == tc.grad_accum - 1
-            with (contextlib.nullcontext() if last else no_sync(run.model)), run.autocast():
-                loss = run.task.loss(run.model, batch) / tc.grad_accum
-            loss.backward()
+            with contextlib.nullcontext() if last else no_sync(run.model, opt):  # backward inside: ZeRO and
+                with run.autocast():                                               # FSDP read it there
+                    loss = run.task.loss(run.model, batch) / tc.grad_accum
+                (loss if run.scaler is None else run.scaler.scale(loss)).backward()
             step_loss += loss.detach()
-        grad_norm = clip_grad_norm_(run.model, tc.grad_clip, run.layout) if tc.grad_clip > 0 else None
-        opt.step()
+        if run.scaler is not None and tc.grad_clip > 0:
+            run.scaler.unscale_(opt)  # clip the true gradients
+        grad_norm = clip_grad_norm_(run.model, tc.grad_clip, run.layout, opt) if tc.grad_clip > 0 else None
+        if run.scaler is None:
+            opt.step()
+        else:
+            run.scaler.step(opt)  # skipped on every rank if any rank found an inf
+            run.scaler.update()
         opt.zero_grad(set_to_none=True)
     return StepStats(step + 1, step_loss, grad_norm, lr, time.perf_counter() - t0,
                      items * run.layout.dp_size, tr)
@@ -223,7 +237,8 @@ def evaluate(run: Run, max_batches: int | None) -> dict[str, float]:
 
 
 def save_checkpoint(run: Run, step: int) -> None:
-    run.ckpt.save(step, {"step": step, "data": run.stream.state_dict()})
+    extra = {"scaler": run.scaler.state_dict()} if run.scaler is not None else {}
+    run.ckpt.save(step, {"step": step, "data": run.stream.state_dict()} | extra)
 
 
 # ---------------------------------------------------------------------------- finish

@@ -18,12 +18,13 @@ EVEN = Layout(param_numels=(1200, 600, 600, 96), unit_numels=(96, 1200, 1200), b
 def test_closed_forms_on_an_evenly_divisible_layout(n):
     s = 4 * EVEN.psi  # bytes; every unit and bucket divides by 2..16 (96, 1200, 1296 are multiples of 48)
     sent = {name: ring_bytes(plan(name, EVEN, n, grad_clip=False)) for name in
-            ("ddp", "zero1", "shard_grad_op", "full_shard", "no_shard")}
+            ("ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "no_shard")}
     assert sent["ddp"] == 2 * s * (n - 1) // n
     assert sent["shard_grad_op"] == sent["ddp"] == sent["no_shard"]
     root = 4 * EVEN.unit_numels[0]  # the root (first) stays gathered into backward: one gather less
     assert sent["full_shard"] == (3 * s - root) * (n - 1) // n           # 1.5x DDP less the root's re-gather
-    assert sent["zero1"] == sent["ddp"] + s                             # + one broadcast of every share
+    assert sent["zero1"] == sent["zero2"] == sent["ddp"]                # reduce_scatter + all_gather
+    assert sent["zero1_broadcast"] == sent["ddp"] + s                   # + one broadcast of every share
     calls = calls_by_op(plan("full_shard", EVEN, n))
     assert calls == {"all_gather": 5, "reduce_scatter": 3, "all_reduce": 1}  # + the clip all_reduce
 

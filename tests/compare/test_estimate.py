@@ -45,7 +45,7 @@ def test_estimate_recipe_prints_every_strategy_and_world(capsys):
           "trainer.batch_size=2", "estimate.worlds=[1,4]"])
     out = capsys.readouterr().out.splitlines()
     assert "N=4" in out[1] and [line.split()[0] for line in out[2:]] == [
-        "ddp", "zero1", "shard_grad_op", "full_shard", "hybrid_shard"]
+        "ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard"]
 
 
 def test_config_errors_are_one_line():

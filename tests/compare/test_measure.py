@@ -66,14 +66,14 @@ def _check_bytes(cfg, layout: Layout, per_strategy, rows, world: int) -> None:
         assert {op: o["calls"] for op, o in row["ops"].items()} == calls_by_op(calls), name
         for raw in raws[1:]:  # every rank sent as much as rank 0
             assert sum(r["sent_bytes"] for r in raw["records"]) == sum(r["sent_bytes"] for r in raws[0]["records"])
-        s = 4 * (sum(-(-u // world) * world for u in layout.unit_numels) if name != "ddp" and name != "zero1"
-                 else layout.psi)
+        s = 4 * (sum(-(-u // world) * world for u in layout.unit_numels) if name not in ("ddp", "zero1", "zero2")
+                 else sum(raws[0]["bucket_numels"]) if name != "ddp" else layout.psi)  # ZeRO: buckets padded to N
         root = 4 * -(-layout.unit_numels[0] // world) * world  # stays gathered from forward into backward
         closed = {"ddp": 2 * s * (world - 1) / world, "shard_grad_op": 2 * s * (world - 1) / world,
                   "full_shard": (3 * s - root) * (world - 1) / world,
                   "hybrid_shard": (3 * s - root) * (world - 1) / world,
-                  "zero1": 2 * s * (world - 1) / world + s}[name]
-        clip = 8 * (world - 1) / world if cfg.trainer.grad_clip > 0 and name not in ("ddp", "zero1") else 0
+                  "zero1": 2 * s * (world - 1) / world, "zero2": 2 * s * (world - 1) / world}[name]
+        clip = 8 * (world - 1) / world if cfg.trainer.grad_clip > 0 and name not in ("ddp", "zero1_broadcast") else 0
         assert abs(row["ring_bytes"] - closed - clip) <= len(calls), (name, row["ring_bytes"], closed)
 
 
