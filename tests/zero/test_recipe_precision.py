@@ -9,7 +9,7 @@ import torch
 from minidist import runtime
 from minidist.train import compose_config, train
 from minidist.train.checkpoint import load_file
-from minidist.train.parallelize import build_mesh, build_optimizer, parallelize, precision_policy
+from minidist.train.parallelize import build_layout, build_optimizer, parallelize, precision_policy
 from minidist.train.task import make_task
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
@@ -22,11 +22,11 @@ def _engines() -> dict:
     for strategy, precision, extra in (("ddp", "fp16", []), ("zero2", "bf16", []), ("zero1", "bf16", ["strategy.reduce_dtype=fp32"]),
                                        ("full_shard", "bf16", [])):
         cfg = compose_config(TINY + [f"strategy={strategy}", f"trainer.precision={precision}"] + extra)
-        mesh = build_mesh(cfg.strategy, topo)
+        layout = build_layout(cfg.strategy, topo)
         policy = precision_policy(cfg.trainer, cfg.strategy)
         model, blocks = make_task(cfg.model).build()
-        model = parallelize(model, mesh, cfg.strategy, blocks, policy)
-        opt = build_optimizer(model, mesh, cfg.strategy, cfg.optim, policy)
+        model = parallelize(model, layout, cfg.strategy, blocks, policy)
+        opt = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)
         if strategy == "ddp":
             got = (model.mixed.param_dtype, model.reducer.reduce_dtype, {p.dtype for p in model.parameters()})
         elif strategy.startswith("zero"):
