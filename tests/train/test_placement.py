@@ -14,7 +14,7 @@ from minidist import runtime
 from minidist.mesh import DP, TP, ParallelDims, shard_param
 from minidist.models import Block
 from minidist.train import compose_config
-from minidist.train.parallelize import build_layout, clip_grad_norm_, parallelize, unwrap
+from minidist.train.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
 from minidist.train.placement import global_norm
 
 WHOLE = {"col": (6, 5), "row": (4, 6), "norm": (5,), "both": (8, 3)}
@@ -91,9 +91,10 @@ def _engine_norms() -> dict:
         layout = build_layout(cfg.strategy, topo)
         torch.manual_seed(0)
         model = parallelize(_gpt(cfg), layout, cfg.strategy, (Block,))
+        opt = build_optimizer(model, layout, cfg.strategy, cfg.optim)  # ZeRO's hooks and partitions live here
         r = slice(2 * layout.dp_rank, 2 * layout.dp_rank + 2)
         model(x[r], y[r])[1].backward()
-        out[name] = clip_grad_norm_(model, 1e9, layout).item()
+        out[name] = clip_grad_norm_(model, 1e9, layout, opt).item()
         out[name + " sharded"] = sorted({tuple(getattr(p, "sharded_over", {})) for p in unwrap(model).parameters()})
     return out
 
