@@ -78,7 +78,7 @@ for strategy in ("full_shard", "shard_grad_op", "no_shard"):
         train(f)
         sd = f.full_state_dict(rank0_only=False, cpu_offload=False)
         diff = max_diff(sd)
-        live = sum(u.flat.is_allocated and not u.flat.aliased for u in f.units)
+        live = sum(u.shards.is_allocated and not u.shards.aliased for u in f.units)
         print(f"FSDP {strategy:<14} param_dtype={pd}: max|fsdp - ref| = {diff:.2e}, unsharded units alive after step: {live}")
         assert diff < (1e-5 if pd is None else 5e-2), diff
         assert live == 0

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from minidist.fsdp.collectives import GradReduction
+from minidist.fsdp.reduce_scatter import GradReduction
 
 U = TypeVar("U")
 

@@ -24,8 +24,8 @@ def _step_bytes(model_fn, strategy: str, wrap) -> tuple[int, int, int, dict]:
     with comm.trace() as tr:
         model(x).sum().backward()
         opt.step()
-    s = sum(u.flat.padded * 4 for u in model.units)  # S: fp32 bytes of the padded flat buffers
-    s_last = model._schedule.post_forward_order[-1].flat.padded * 4  # these models end with a unit's forward
+    s = sum(u.shards.padded * 4 for u in model.units)  # S: fp32 bytes of the padded flat buffers
+    s_last = model._schedule.post_forward_order[-1].shards.padded * 4  # these models end with a unit's forward
     return tr.sent_bytes, s, s_last, {op: int(row["calls"]) for op, row in tr.totals().items()}
 
 
