@@ -79,7 +79,7 @@ def run(ctx: Context) -> None:
         rows.append([engine] + [c / unit for c in cols] + [total[engine] / unit])
         if engine == "full_shard":
             regather, fwd_gather = cols[1], cols[0]
-            root = model.units[0].flat.padded * 4 * (ctx.world - 1) / ctx.world  # S_root (N-1)/N
+            root = model.units[0].shards.padded * 4 * (ctx.world - 1) / ctx.world  # S_root (N-1)/N
     for row in rows:
         row.append(total[row[0]] / total["DDP"])
     ctx.say(f"GPT {S / 4 / 1e6:.2f}M params, S = {S / 2**20:.2f} MiB, N = {ctx.world}; bytes sent per rank in one "
