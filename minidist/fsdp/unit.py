@@ -85,6 +85,12 @@ class ShardedState(enum.Enum):
     """`full` is filled; module attributes hold the unsharded params."""
 
 
+SHARDED_TRANSITIONS = frozenset({(ShardedState.SHARDED, ShardedState.GATHERING),
+                                 (ShardedState.GATHERING, ShardedState.UNSHARDED),
+                                 (ShardedState.UNSHARDED, ShardedState.SHARDED)})
+"""Every move the sharded state may make (asserted by FSDPUnit._to; docs/fsdp.md's diagram draws them)."""
+
+
 class TrainingState(enum.Enum):
     IDLE = enum.auto()
     FORWARD = enum.auto()
@@ -152,22 +158,24 @@ class FSDPUnit:
         return f"FSDPUnit({self.name or '<root>'}, {len(self.shards.params)} params, {self.sharded_state.name})"
 
     # -- sharded state --------------------------------------------------------------------------
+    def _to(self, state: ShardedState) -> None:
+        assert (self.sharded_state, state) in SHARDED_TRANSITIONS, f"{self}: {self.sharded_state.name} -> {state.name}"
+        self.sharded_state = state
+
     def _start_unshard(self) -> None:
         """SHARDED -> GATHERING: start gathering every rank's shards (copy-in, all_gather)."""
-        assert self.sharded_state is ShardedState.SHARDED, f"_start_unshard of {self}"
+        self._to(ShardedState.GATHERING)
         if not self.shards.aliased:  # aliased (no_shard, one dtype, one device): `full` is `local` already
             self.schedule.note_alloc()
             self._gather = start_all_gather(self.shards, self.mesh, self.streams)
-        self.sharded_state = ShardedState.GATHERING
 
     def _finish_unshard(self) -> None:
         """GATHERING -> UNSHARDED: wait for the all_gather, copy out into `full`, install the unsharded params."""
-        assert self.sharded_state is ShardedState.GATHERING, f"_finish_unshard of {self}"
+        self._to(ShardedState.UNSHARDED)
         if self._gather is not None:
             self._gather.wait()
             self._gather = None
         self.shards.install_unsharded()
-        self.sharded_state = ShardedState.UNSHARDED
 
     def unshard(self) -> None:
         """Make the unsharded params filled and installed, from whatever state (this unit is in use now)."""
@@ -179,15 +187,15 @@ class FSDPUnit:
 
     def reshard(self) -> None:
         """-> SHARDED: install the shards and free `full` (after waiting for a prefetch never used)."""
-        if self.sharded_state is ShardedState.GATHERING:  # the all_gather still writes into `full`
+        if self.sharded_state is ShardedState.GATHERING:  # a prefetch never used: its output is still being written
             self.schedule.became_current(self)
             self._finish_unshard()
         if self.sharded_state is ShardedState.UNSHARDED:
+            self._to(ShardedState.SHARDED)
             self.shards.install_sharded()
             if not self.shards.aliased:
                 self.shards.free_full()  # on the compute stream: its last readers are queued there
                 self.schedule.note_free()
-            self.sharded_state = ShardedState.SHARDED
 
     def _prefetch(self, backward: bool) -> None:
         """Start the all_gathers of the units that run after this one, within the prefetch budget."""
