@@ -53,15 +53,20 @@ class ParamInfo:
     fqns: list[str]
     """Names in the plain module, first = canonical (e.g. ["wte.weight", "lm_head.weight"])."""
     holders: list[tuple[nn.Module, str]]
-    param: nn.Parameter
+    param: nn.Parameter | None
+    """The original parameter, until FSDP has copied its rows (then None)."""
 
 
 class FSDPParam:
-    """One parameter: its spec, its sharded parameter (rows of `local`) and its unsharded one (a region of `full`)."""
+    """One parameter: its spec, its sharded parameter (rows of `local`) and its unsharded one (a region of `full`).
+
+    The original parameter is not kept: once its rows are copied into `local`, nothing holds
+    the full tensor, and its memory goes (on a GPU, FSDP would otherwise cost the whole model).
+    """
 
     def __init__(self, info: ParamInfo, spec: ShardSpec, padded_shard: torch.Tensor, full: torch.Tensor,
                  full_offset: int):
-        self.info, self.spec = info, spec
+        self.fqns, self.holders, self.spec = info.fqns, info.holders, spec
         self.padded_shard = padded_shard  # (c C,) view of `local`; rows past the real ones stay zero
         self.local_numel = spec.local_shape.numel()
         start, end = spec.row_range()
@@ -111,6 +116,8 @@ class UnitShards:
         self._full_bytes = self.full.untyped_storage().nbytes()
         self.params = [FSDPParam(i, s, self.local[off:off + size], self.full, n * off)
                        for i, s, off, size in zip(infos, specs, self.offsets, self.split_sizes)]
+        for i in infos:  # the sharded copies are the parameters now
+            i.param = None
         self._full_blocks = [self.full[n * off:n * (off + size)].view(n, size)
                              for off, size in zip(self.offsets, self.split_sizes)]
         self.free_full()
@@ -149,13 +156,13 @@ class UnitShards:
     def install_unsharded(self) -> None:
         """Point the module attributes at the unsharded parameters (`full` must be filled)."""
         for fp in self.params:
-            for module, attr in fp.info.holders:
+            for module, attr in fp.holders:
                 module._parameters[attr] = fp.unsharded
 
     def install_sharded(self) -> None:
         """Point the module attributes back at the sharded parameters."""
         for fp in self.params:
-            for module, attr in fp.info.holders:
+            for module, attr in fp.holders:
                 module._parameters[attr] = fp.sharded
 
     # -- gradients ----------------------------------------------------------------------------

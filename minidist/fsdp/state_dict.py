@@ -87,7 +87,7 @@ def full_state_dict(model: ShardedModel, *, rank0_only: bool = True, cpu_offload
     for u in model.units:
         for fp, t in zip(u.shards.params, _gather_full(model, u.shards)):
             t = t.clone().cpu() if cpu_offload else t.clone()
-            for fqn in fp.info.fqns:
+            for fqn in fp.fqns:
                 values[fqn] = t
     if rank0_only and not model.mesh_info.is_first:
         return {}
@@ -153,7 +153,7 @@ def sharded_state_dict(model: ShardedModel, optimizer: torch.optim.Optimizer | N
         names[sp] = fqn
         params[fqn] = {"shard": sp.detach().clone().cpu(), "global_shape": tuple(fp.spec.global_shape),
                        "row_offset": fp.spec.row_range()[0]}
-        for alias in fp.info.fqns[1:]:
+        for alias in fp.fqns[1:]:
             aliases[alias] = fqn
     out: dict[str, Any] = {"format_version": FORMAT_VERSION, "world_size": model.mesh_info.shard_world,
                            "rank": model.mesh_info.shard_rank, "params": params, "aliases": aliases,

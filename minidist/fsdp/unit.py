@@ -67,6 +67,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves  # as FSDP2 walks a module's outputs
 
 from minidist.fsdp.all_gather import AllGather, start_all_gather
 from minidist.fsdp.layout import MeshInfo
@@ -108,16 +109,6 @@ class UnitPolicy:
     """full_shard: True; shard_grad_op, no_shard: False."""
     reduce_dtype: torch.dtype | None
     """dtype of the gradient reduction; None = the unsharded gradients' dtype."""
-
-
-def _flatten_tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _flatten_tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _flatten_tensors(o)]
-    return []
 
 
 def _in_backward() -> bool:
@@ -228,7 +219,7 @@ class FSDPUnit:
         if self.policy.reshard_after_forward and not self.schedule.ends_forward():
             self.reshard()
         if torch.is_grad_enabled():
-            outs = [t for t in _flatten_tensors(output) if t.requires_grad]
+            outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
             if outs:
                 torch.autograd.graph.register_multi_grad_hook(outs, self._pre_backward, mode="any")
         self.training_state = TrainingState.IDLE

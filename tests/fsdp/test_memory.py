@@ -3,10 +3,14 @@
 Per-parameter dim-0 sharding puts ceil(R/N) rows of each parameter on the first ranks, so
 the split is even only up to those rows: each rank holds at most 16 sum_p ceil(R_p/N) C_p
 bytes (fp32 AdamW), every element exactly once across ranks (16 psi in all), and exactly
-what torch's fully_shard holds on the same rank (its torch.chunk split is the same).
+what torch's fully_shard holds on the same rank (its torch.chunk split is the same). The
+original, unsharded parameters are freed once wrapped: nothing keeps the whole model alive.
 """
 
 from __future__ import annotations
+
+import gc
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -31,7 +35,12 @@ def _persistent_bytes(model, opt: torch.optim.Optimizer) -> int:
 def body_persistent() -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    ours = FSDP(make_model("gpt"), wrap={Block})
+    plain = make_model("gpt")
+    originals = [weakref.ref(p) for p in plain.parameters()]
+    ours = FSDP(plain, wrap={Block})
+    del plain
+    gc.collect()
+    alive = sum(r() is not None for r in originals)
     ours_opt = train("gpt", ours, make_batches("gpt"), shard=True, steps=1)
     assert not any(u.shards.is_allocated for u in ours.units)
     theirs = make_model("gpt")
@@ -40,7 +49,8 @@ def body_persistent() -> dict:
         fully_shard(block, mesh=mesh)
     fully_shard(theirs, mesh=mesh)
     theirs_opt = train("gpt", theirs, make_batches("gpt"), shard=True, steps=1)
-    return {"ours": _persistent_bytes(ours, ours_opt), "torch": _persistent_bytes(theirs, theirs_opt)}
+    return {"ours": _persistent_bytes(ours, ours_opt), "torch": _persistent_bytes(theirs, theirs_opt),
+            "originals_alive": alive}
 
 
 def test_zero3_memory_falls_as_one_over_n(run_dist):
@@ -54,3 +64,4 @@ def test_zero3_memory_falls_as_one_over_n(run_dist):
         rows_bound = 16 * sum(-(-p.shape[0] // world) * (p.numel() // p.shape[0]) for p in params)
         assert max(ours) <= rows_bound, (world, ours, rows_bound)
         assert ours == [r["torch"] for r in results], (world, results)
+        assert all(r["originals_alive"] == 0 for r in results), results
