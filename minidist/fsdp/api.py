@@ -20,9 +20,9 @@ Strategies (N ranks, S bytes of the padded parameters; bytes sent per rank per s
                    reduce_scatter in the shard group, all_reduce of the shard across replicas.
 
 Persistent memory per rank for fp32 AdamW (psi parameters): params 4 psi, grads 4 psi,
-Adam moments 8 psi; sharded, (4 + 4 + 8) psi / N (full_shard), 4 psi + 12 psi / N
-(shard_grad_op keeps params whole only between forward and backward, so also 16 psi / N
-between steps).
+Adam moments 8 psi; sharded, (4 + 4 + 8) psi / N (full_shard; up to the padding rows: a rank
+holds ceil(R/N) rows of each parameter), 4 psi + 12 psi / N (shard_grad_op keeps params
+whole only between forward and backward, so also 16 psi / N between steps).
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ class FSDP(nn.Module):
     before building the optimizer; do not move the module afterwards.
 
     Public layout: `units` (each unit's `shards`: its FSDPParams and buffers, and its
-    states), `mesh_info` (groups, this rank's place in them, dimension names), `shard_group`. `require_backward_grad_sync` (torch DDP's
+    states), `mesh_info` (groups, this rank's place in them, dimension names),
+    `shard_group`, `compute_device`, `streams`. `require_backward_grad_sync` (torch DDP's
     name) is False inside no_sync(). Activation checkpointing (non-reentrant
     torch.utils.checkpoint) may sit inside a unit, around a unit's call or around several
     units: see minidist.fsdp.unit.
