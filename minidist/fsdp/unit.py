@@ -163,6 +163,8 @@ class FSDPUnit:
     def _finish_unshard(self) -> None:
         """GATHERING -> UNSHARDED: wait for the all_gather, copy out into `full`, install the unsharded params."""
         self._to(ShardedState.UNSHARDED)
+        if self.schedule.last_reduction is not None:  # its input may have landed: free it before `full` exists
+            self.schedule.last_reduction.poll()
         if self._gather is not None:
             self._gather.wait()
             self._gather = None
