@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from minidist import comm
 from minidist.fsdp.layout import MeshInfo
-from minidist.fsdp.param import UnitShards
+from minidist.fsdp.param import UnitShards, free_storage
 from minidist.fsdp.streams import Streams
 
 
@@ -55,6 +55,9 @@ class AllGather:
             self._shards.alloc_full()
             self._shards.copy_out(self._output)
             self._streams.wait_current(self._streams.all_gather)  # the copy-out was their last use
+            for t in self.buffers:
+                if t is not None:
+                    free_storage(t)
         self._send = self._output = self._work = self._event = None
 
 

@@ -57,6 +57,17 @@ class ParamInfo:
     """The original parameter, until FSDP has copied its rows (then None)."""
 
 
+def free_storage(tensor: torch.Tensor) -> None:
+    """Release a buffer's memory now, whoever still holds the tensor object (FSDP2's free_storage).
+
+    For buffers whose collective is complete: a Work handle or future kept elsewhere (the flight
+    recorder keeps finished collectives' futures until it next looks) would otherwise keep S_unit
+    bytes alive past their last use, by a margin that depends on timing.
+    """
+    if tensor.untyped_storage().nbytes():
+        tensor.untyped_storage().resize_(0)
+
+
 class FSDPParam:
     """One parameter: its spec, its sharded parameter (rows of `local`) and its unsharded one (a region of `full`).
 

@@ -33,7 +33,7 @@ import torch
 
 from minidist import comm
 from minidist.fsdp.layout import MeshInfo
-from minidist.fsdp.param import UnitShards
+from minidist.fsdp.param import UnitShards, free_storage
 from minidist.fsdp.streams import Streams
 from minidist.precision import divide_factors
 
@@ -89,7 +89,8 @@ class GradReduction:
         if self._work is not None:
             self._work.wait()
         self._streams.wait(self._rs_event)  # GPU: the compute stream (which allocated it) is past its last reader
-        self._work = self._input = None  # the padded full gradient: S_unit bytes, free it now
+        free_storage(self._input)  # the padded full gradient: S_unit bytes, free it now
+        self._work = self._input = None
         has_replicas = self._mesh.replicate_world > 1
         self.stage = ReductionStage.ALL_REDUCE if has_replicas else ReductionStage.DONE
         if has_replicas and not self._streams.cuda:
