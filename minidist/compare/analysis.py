@@ -23,6 +23,7 @@ Definitions (per optimizer step; times are means over ranks and measured steps):
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from minidist.comm import CostModel
@@ -151,8 +152,7 @@ def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepPr
     """One strategy's measured and predicted numbers (plain JSON; see the module docstring)."""
     r0, steps = raws[0], cfg.steps
     world, backend = r0["world"], r0["backend"]
-    lay = Layout(layout.param_numels, layout.unit_numels, tuple(r0["bucket_numels"]) or layout.bucket_numels,
-                 layout.itemsize)
+    lay = dataclasses.replace(layout, bucket_numels=tuple(r0["bucket_numels"]) or layout.bucket_numels)
     shard = r0["mesh"]["shape"][-1] if strategy_cfg.name == "hybrid_shard" else None
     calls = plan(strategy_cfg.name, lay, world, shard, grad_clip=cfg.trainer.grad_clip > 0)
     ops = op_stats(r0["records"], steps, cost, backend, arrivals([r["records"] for r in raws])[0])

@@ -4,8 +4,8 @@
     calls = plan("full_shard", lay, world=8)
     ring_bytes(calls)            # bytes one rank sends: the textbook formulas, summed over the calls
 
-Per step and rank, S = bytes of the parameters (FSDP: of the units' flat buffers, padded to a
-multiple of the shard group), N ranks, ring model (minidist.comm.trace.ring_bytes_sent):
+Per step and rank, S = bytes of the parameters (FSDP: every parameter padded to a multiple of
+the shard group's size in rows, dim 0, as minidist.fsdp shards it), N ranks, ring model (minidist.comm.trace.ring_bytes_sent):
 
     ddp            one all_reduce per gradient bucket                     2 S (N-1)/N
     zero1, zero2   per bucket: reduce_scatter (backward), all_gather of the  2 S (N-1)/N
@@ -28,6 +28,7 @@ its bytes come from the trace (Record.wire_op, Record.wire_bytes; minidist.comm.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch.nn as nn
@@ -81,15 +82,20 @@ class Layout:
     itemsize: int = 4
     even_shares: bool = False
     """ZeRO-1: N equal shares instead of partitioning param_numels (a model known only by its size)."""
+    unit_param_rows: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """FSDP units' parameters as (rows, elements per row): each is padded to whole rows per rank
+    (empty: a model known only by its size, padded as one flat unit)."""
 
     @classmethod
     def from_model(cls, model: nn.Module, blocks, bucket_numels=()) -> "Layout":
         from minidist.fsdp.api import build_units, wrap_predicate
-        units = build_units(model, wrap_predicate(set(blocks)))
-        units = tuple(sum(i.param.numel() for i in infos) for _, _, infos in units)
+        units = [infos for _, _, infos in build_units(model, wrap_predicate(set(blocks)))]
+        units = [infos for infos in units if sum(i.param.numel() for i in infos)]
+        rows = tuple(tuple(param_rows(i.param.shape) for i in infos) for infos in units)
         params = tuple(p.numel() for p in model.parameters())
         itemsize = next(model.parameters()).element_size()
-        return cls(params, tuple(u for u in units if u), tuple(bucket_numels) or (sum(params),), itemsize)
+        return cls(params, tuple(sum(r * c for r, c in u) for u in rows), tuple(bucket_numels) or (sum(params),),
+                   itemsize, unit_param_rows=rows)
 
     @classmethod
     def uniform(cls, psi: float, layers: int, bucket_cap_bytes: int, itemsize: int = 2) -> "Layout":
@@ -125,6 +131,17 @@ def _padded(numel: int, n: int) -> int:
     return -(-numel // n) * n
 
 
+def param_rows(shape) -> tuple[int, int]:
+    """(rows, elements per row) of a parameter: dim 0 is what FSDP splits (a 0-dim one is one row)."""
+    rows = shape[0] if len(shape) else 1
+    return rows, (math.prod(shape) // rows if rows else math.prod(shape[1:]))
+
+
+def padded_unit(param_rows_: tuple[tuple[int, int], ...], n: int) -> int:
+    """Elements one all_gather of a unit moves over n ranks: each parameter padded to n ceil(R/n) rows."""
+    return sum(n * -(-r // n) * c for r, c in param_rows_)
+
+
 def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, grad_clip: bool = True) -> list[Call]:
     """Every collective one step of `strategy` issues, per rank, at `world` ranks."""
     b, n = lay.itemsize, world
@@ -149,7 +166,7 @@ def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, 
         # full_shard gathers again in backward, except the unit that ends the forward (the root,
         # first here), whose parameters stay gathered into backward (minidist.fsdp.unit)
         gathers = 1 if strategy == "shard_grad_op" or i == 0 else 2
-        s = _padded(u, g) * b
+        s = (padded_unit(lay.unit_param_rows[i], g) if lay.unit_param_rows else _padded(u, g)) * b
         calls += [Call("all_gather", s, g)] * gathers + [Call("reduce_scatter", s, g)]
         if r > 1:
             calls.append(Call("all_reduce", s // g, r, span=n))

@@ -101,15 +101,6 @@ class _Layout:
     """FSDP: bytes of each unit's shard (its reduced gradient)."""
 
 
-def _shard_pieces(numels: list[int], shard: int) -> list[int]:
-    """Elements of each parameter inside rank 0's shard [0, shard) of a unit's flat buffer."""
-    out, offset = [], 0
-    for n in numels:
-        out.append(max(0, min(offset + n, shard) - offset))
-        offset += n
-    return out
-
-
 def _layout(prof: StepProfile, strategy: str, world: int, k: int, shard_size: int | None) -> _Layout:
     b = prof.itemsize
     step_b = 4 if k else 0  # AdamW keeps a 0-dim fp32 step counter per parameter tensor
@@ -126,9 +117,10 @@ def _layout(prof: StepProfile, strategy: str, world: int, k: int, shard_size: in
                        opt_temp=2 * max(mine) * b if k else 0,
                        shard=(sum(mine) * b,) if strategy == "zero2" else ())
     n = 1 if strategy == "no_shard" else (shard_size or world) if strategy == "hybrid_shard" else world
-    padded = [-(-u // n) * n for u in prof.unit_numels]
-    shards = [p // n for p in padded]
-    pieces = [_shard_pieces(numels, s) for numels, s in zip(prof.unit_param_numels, shards)]
+    # rank 0 holds ceil(R/n) rows of every parameter (the most of any rank); a unit gathers n times that
+    pieces = [[-(-r // n) * c for r, c in rows] for rows in prof.unit_param_rows]
+    shards = [sum(ps) for ps in pieces]
+    padded = [n * s for s in shards]
     flat = [x for ps in pieces for x in ps]
     return _Layout(params=sum(shards) * b, optimizer=k * sum(flat) + step_b * len(flat),
                    opt_temp=2 * max(flat) * b if k else 0,

@@ -216,16 +216,18 @@ def roles_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RoleSo
         grads = [p.grad for p in params]
         buffers: list[torch.Tensor] = []
         for unit in getattr(model, "units", ()):
-            flat = unit.flat
-            params.append(flat.local_shard)  # while unsharded, model.parameters() are views of `full`
-            grads += [p.grad for p in flat.sharded_params]
-            if not flat.aliased:
-                buffers.append(flat.full)
+            shards = unit.shards
+            params.append(shards.local)  # while unsharded, model.parameters() are views of `full`
+            grads += [fp.sharded.grad for fp in shards.params]
+            if not shards.aliased:
+                buffers.append(shards.full)
+            if unit.all_gather is not None:  # in flight: its output (and a cast copy of `local`)
+                buffers += list(unit.all_gather.buffers)
             if unit.reduction is not None:
-                flat_grad, shard_grad = unit.reduction.buffers  # no_shard: no separate input
-                buffers.append(flat_grad)
+                grad_input, shard_grad = unit.reduction.buffers  # no_shard: no separate input
+                buffers.append(grad_input)
                 grads.append(shard_grad)
-            grads += [p.grad for p in flat.unsharded_params]
+            grads += [fp.unsharded.grad for fp in shards.params]
         engine = getattr(optimizer, "engine", None)  # minidist.ShardedOptimizer (ZeRO)
         for bucket in getattr(engine, "buckets", ()):
             if bucket.grad_flat is not None:

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from minidist.compare.analytic import param_rows
 from minidist.compare.memory import MemoryLedger
 
 
@@ -46,7 +47,9 @@ class StepProfile:
     unit_numels: list[int]
     """Parameter elements per FSDP unit, root first (minidist.fsdp's own assignment)."""
     unit_param_numels: list[list[int]]
-    """Per unit, the elements of each parameter in the unit's flat-buffer order."""
+    """Per unit, the elements of each parameter in the unit's order."""
+    unit_param_rows: list[list[tuple[int, int]]]
+    """Per unit, each parameter as (rows, elements per row): FSDP shards dim 0, padding whole rows."""
     param_numels: list[int]
     """Every parameter once, in model.parameters() order (ZeRO-1's partition, DDP's buckets)."""
     itemsize: int
@@ -96,6 +99,7 @@ def profile_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Calla
     unit_params = [[info.param for info in infos] for _, _, infos in units]
     prof = StepProfile(unit_numels=[sum(p.numel() for p in ps) for ps in unit_params],
                        unit_param_numels=[[p.numel() for p in ps] for ps in unit_params],
+                       unit_param_rows=[[param_rows(p.shape) for p in ps] for ps in unit_params],
                        param_numels=[p.numel() for p in fake.parameters()],
                        itemsize=next(fake.parameters()).element_size())
     params = list(fake.parameters())

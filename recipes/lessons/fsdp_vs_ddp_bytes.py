@@ -85,7 +85,7 @@ def measure(engine: str, cfg: GPTConfig, x, y) -> dict:
     m = measured_step(model, opt, x, y)
     trace = {(ph, op): bytes_of(m[ph][0], op) for ph in PHASES
              for op in ("all_gather", "reduce_scatter", "all_reduce")}
-    root = model.units[0].flat.padded * 4 if engine in ("no_shard", "shard_grad_op", "full_shard") else 0
+    root = model.units[0].shards.padded * 4 if engine in ("no_shard", "shard_grad_op", "full_shard") else 0
     return {"trace": trace, "trace_total": sum(t.sent_bytes for t, _ in m.values()),
             "kernel": {ph: m[ph][1] for ph in PHASES}, "kernel_total": sum(k for _, k in m.values()),
             "root_bytes": root}

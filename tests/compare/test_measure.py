@@ -3,6 +3,7 @@ the timeline, and the memory estimate against the measured peak."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -11,7 +12,7 @@ import pytest
 
 from minidist.comm import CostModel
 from minidist.compare.analysis import strategy_row
-from minidist.compare.analytic import Layout, calls_by_op, plan
+from minidist.compare.analytic import Layout, calls_by_op, padded_unit, plan
 from minidist.compare.report import table_text
 from minidist.compare.timeline import chrome_trace, draw_png
 
@@ -59,16 +60,16 @@ def _compare(run_dist, world: int, overrides: list[str], strategies: list[str]):
 def _check_bytes(cfg, layout: Layout, per_strategy, rows, world: int) -> None:
     for raws, row in zip(per_strategy, rows):
         name = row["strategy"]
-        lay = Layout(layout.param_numels, layout.unit_numels, tuple(raws[0]["bucket_numels"]) or layout.bucket_numels)
+        lay = dataclasses.replace(layout, bucket_numels=tuple(raws[0]["bucket_numels"]) or layout.bucket_numels)
         calls = plan(name, lay, world, grad_clip=cfg.trainer.grad_clip > 0)
         assert row["ring_bytes"] == row["ring_bytes_analytic"], (name, row["ring_bytes"], row["ring_bytes_analytic"])
         assert row["payload_bytes"] == sum(c.payload for c in calls), name
         assert {op: o["calls"] for op, o in row["ops"].items()} == calls_by_op(calls), name
         for raw in raws[1:]:  # every rank sent as much as rank 0
             assert sum(r["sent_bytes"] for r in raw["records"]) == sum(r["sent_bytes"] for r in raws[0]["records"])
-        s = 4 * (sum(-(-u // world) * world for u in layout.unit_numels) if name not in ("ddp", "zero1", "zero2")
-                 else sum(raws[0]["bucket_numels"]) if name != "ddp" else layout.psi)  # ZeRO: buckets padded to N
-        root = 4 * -(-layout.unit_numels[0] // world) * world  # stays gathered from forward into backward
+        s = 4 * (sum(padded_unit(u, world) for u in layout.unit_param_rows) if name not in ("ddp", "zero1", "zero2")
+                 else sum(raws[0]["bucket_numels"]) if name != "ddp" else layout.psi)  # FSDP: whole rows per rank; ZeRO: buckets padded to N
+        root = 4 * padded_unit(layout.unit_param_rows[0], world)  # stays gathered from forward into backward
         closed = {"ddp": 2 * s * (world - 1) / world, "shard_grad_op": 2 * s * (world - 1) / world,
                   "full_shard": (3 * s - root) * (world - 1) / world,
                   "hybrid_shard": (3 * s - root) * (world - 1) / world,
