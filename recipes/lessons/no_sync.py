@@ -93,7 +93,7 @@ def traced_reduction(backward) -> bool:
 
 
 def local_grad(engine: str, model: nn.Module) -> torch.Tensor:
-    """This rank's gradient as one flat vector: everything (DDP), or this rank's shard of the flat gradient (FSDP)."""
+    """This rank's gradient as one flat vector: everything (DDP), or this rank's rows of every parameter's (FSDP)."""
     params = model.module.parameters() if engine.endswith("DDP") else model.parameters()
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
@@ -136,9 +136,10 @@ def run(ctx: Context) -> None:
     for engine in ENGINES:
         for form in FORMS:
             count, written, grad, model = run_form(engine, net, xs, ys, form)
-            if engine == "minidist FSDP":  # this rank's shard of the flat gradient (minidist.fsdp.param)
-                flat = model.units[0].flat
-                want_here = want[flat.shard_rank * flat.shard_size:][:grad.numel()]
+            if engine == "minidist FSDP":  # this rank's rows of every parameter's gradient (p.shard_spec)
+                grads = dict(ref.named_parameters())
+                want_here = torch.cat([grads[p.shard_spec.fqn].grad[slice(*p.shard_spec.row_range())].reshape(-1)
+                                       for p in model.parameters()])
             else:
                 want_here = want
             err = (grad - want_here).abs().max().item()
