@@ -1,4 +1,4 @@
-"""minidist.compare.estimate against torch's allocator: 3 GPT sizes x 5 strategies x world 1, 2, 4.
+"""minidist.compare.estimate against torch's allocator: 3 GPT sizes x 7 strategies x world 1, 2, 4.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compare_memory.py          # spawns the worlds itself
 
@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-STRATEGIES = ["ddp", "zero1", "shard_grad_op", "full_shard", "hybrid_shard"]
+STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard"]
 SIZES = {  # overrides of configs/compare.yaml
     "S (35K)": ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=16", "trainer.batch_size=4"],
     "M (0.21M)": ["model.n_layer=4", "model.n_embd=64", "model.n_head=4", "model.block_size=32", "trainer.batch_size=4"],

@@ -8,10 +8,11 @@ tensors without touching them:
     held(layout, world, ...settings) -> list[Held]      # from sizes and settings; nothing runs
     live(engine_object) -> dict[role, list[Tensor]]      # its tensors that exist now, read only
 
-minidist/ddp/footprint.py implements it for DDP. ZeRO-1 and FSDP: minidist/compare/footprints.py,
-written from the outside against today's engines, to move into minidist/zero and minidist/fsdp
-(their owners keep them true when a schedule changes; tests/compare/test_measure.py
-compares every estimate with torch's allocator events, so a stale one fails there).
+Each engine implements it beside its own code, so whoever changes a schedule sees what to keep
+true: minidist/ddp/footprint.py (DDP), minidist/zero/footprint.py (the paper's ZeRO-1 and
+ZeRO-2, and the owner-broadcast variant), minidist/fsdp/footprint.py (FSDP's strategies).
+tests/compare/test_measure.py compares every estimate built from them with torch's allocator
+events, so a stale one fails there.
 
 An instant (At) is named the way a profile of the plain model can find it: the phase, and
 the FSDP unit running (unit 0 is the root; units 1.. the wrapped blocks in forward order):
@@ -22,13 +23,16 @@ the FSDP unit running (unit 0 is the root; units 1.. the wrapped blocks in forwa
     optimizer           the optimizer step and what follows it (no activations left)
 
 `stage` orders several instants of one phase and unit (e.g. the optimizer's update, then
-ZeRO-1's broadcasts). unit None covers every unit of its phase; an engine lists each instant
+the owner-broadcast variant's broadcasts). unit None covers every unit of its phase; an engine lists each instant
 its holdings change at.
 
 Held.bytes is what the engine holds then, by role; the plain model's gradients are not in it:
 Held.plain_grads names the units whose gradients (as the plain model computes them; the
 estimator reads those bytes from the profile, which knows how far backward has got) are alive
-then: DDP keeps them all, FSDP drops a unit's once it has reduced them.
+then: DDP keeps them all, FSDP drops a unit's once it has reduced them. Held.before_grads, for a
+backward instant, is what the engine holds until the unit's first gradient of this backward
+exists (ZeRO-2 allocates a bucket's buffer with its first gradient; the peak of a step is
+often just before: the last forward's activations are all still alive).
 """
 
 from __future__ import annotations
@@ -46,13 +50,22 @@ class ModelLayout:
     """The sizes an engine's memory is made of (elements), from the model alone."""
 
     unit_param_numels: tuple[tuple[int, ...], ...]
-    """Per FSDP unit (root first), the elements of each of its parameters in flat-buffer order."""
+    """Per FSDP unit (root first), the elements of each of its parameters in the unit's order."""
     param_numels: tuple[int, ...]
-    """Every parameter once, in model.parameters() order (DDP's buckets, ZeRO-1's partition)."""
+    """Every parameter once, in model.parameters() order (DDP's and ZeRO's buckets)."""
     param_units: tuple[int, ...]
     """The unit of each parameter of param_numels."""
     itemsize: int = 4
     """Bytes per parameter element."""
+    unit_param_rows: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """Per unit, each parameter as (rows, elements per row): FSDP splits dim 0. Empty: unknown
+    shapes, each parameter taken as one column of numel rows."""
+
+    def rows(self, unit: int) -> tuple[tuple[int, int], ...]:
+        """(rows, elements per row) of each parameter of `unit`."""
+        if self.unit_param_rows:
+            return self.unit_param_rows[unit]
+        return tuple((n, 1) for n in self.unit_param_numels[unit])
 
     @property
     def psi(self) -> int:
@@ -83,6 +96,8 @@ class Held:
     """Units whose plain-model gradients are alive now; None = every unit's."""
     note: str = ""
     """What this instant is, in words (reports show it where the peak falls)."""
+    before_grads: dict[str, int] | None = None
+    """Backward: the bytes held while at.unit has no gradient yet in this backward (None: `bytes`)."""
 
 
 @dataclass(frozen=True)

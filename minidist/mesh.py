@@ -1,28 +1,41 @@
-"""The parallel layout of a job as a torch DeviceMesh: named dimensions, one process group each.
+"""The parallel layout of a job: named dimensions, their degrees, and every question asked of them.
 
-    topo = minidist.runtime.init()
-    mesh = minidist.mesh.data_parallel_mesh(topo)       # 1-D ("dp",): DDP, ZeRO-1, full_shard, ...
-    mesh = minidist.mesh.hybrid_mesh(topo, shard=2)     # 2-D ("replicate", "shard"): hybrid_shard
-    model = minidist.FSDP(net, mesh=mesh)
+    dims = ParallelDims.infer(world_size=4, shard=2, hybrid=True)   # degrees, checked against the world
+    layout = dims.build("cpu")          # a torch DeviceMesh with named dimensions, and its sub-meshes
+    layout["dp"], layout["shard"]       # the 1-D mesh an engine spans, by name
+    layout.dp_rank, layout.is_main      # which data shard is mine, am I the process that writes files
 
-A mesh lays the N ranks out as an array; every slice along one dimension is a
-process group. For hybrid sharding at N = 4 with shard = 2:
+Three kinds of dimension (torchtitan's ParallelDims, Megatron's groups):
 
-                 shard 0   shard 1
-    replicate 0  rank 0    rank 1      <- a shard group: splits the parameters
-    replicate 1  rank 2    rank 3      <- another, holding the same shards
-                   ^ a replicate group: same shard, gradients all_reduced
+    replicate  data parallel, parameters copied (DDP's all_reduce, hybrid FSDP across replicas)
+    shard      data parallel, parameters split (FSDP's all_gather and reduce_scatter)
+    tp         tensor parallel: ranks hold slices of the same layers and read the same data
 
-Engines are handed the mesh (or one of its dimensions) explicitly, never look up a
-global, and use ranks *inside* their groups. The trainer asks the questions below
-(which data shard is mine, am I the process that writes files) of the mesh, never
-of the global rank, so that adding a dimension that is not data parallel (tensor
-parallelism) changes the answers in one place.
+A mesh lays the ranks out as an array, tp innermost (tp's collectives run every layer, so
+its ranks are consecutive: the same node). Data parallelism that is only replicated or only
+sharded is one dimension, "dp"; hybrid sharding keeps both, ("replicate", "shard"), and
+"dp" is then their flattening (one group over both, for the data-parallel reductions).
+At N = 8, hybrid, shard = 2, tp = 2:
+
+                  shard 0          shard 1
+                  tp 0    tp 1     tp 0    tp 1
+    replicate 0   rank 0  rank 1   rank 2  rank 3
+    replicate 1   rank 4  rank 5   rank 6  rank 7
+
+    tp group of rank 0: {0, 1}   shard group: {0, 2}   replicate group: {0, 4}   dp group: {0, 2, 4, 6}
+
+Engines are handed the sub-mesh they work over by name (layout["dp"], layout["tp"]),
+never a global, and use ranks inside their groups. The trainer asks the questions below
+(which data shard is mine, who writes files, over which ranks a loss or a norm is summed)
+of the layout, never of the global rank: a new dimension changes the answers here, in one
+place. Where a parameter is split over a dimension, `shard_param` says so on the parameter
+itself, and clipping and checkpoints read it (see minidist.train.parallelize).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -31,15 +44,195 @@ from minidist import comm
 from minidist.runtime import Topology
 
 DP = "dp"
-"""The one dimension of a purely data-parallel mesh (DDP, ZeRO-1, full_shard, ...)."""
+"""Data parallelism as one dimension (DDP, ZeRO, full_shard, ...), or the flattening of (replicate, shard)."""
 REPLICATE, SHARD = "replicate", "shard"
-"""The two dimensions of a hybrid mesh: across replicas, and within a shard group (FSDP2's order)."""
+"""The two dimensions of hybrid sharding: across replicas, and within a shard group (FSDP2's order)."""
 TP = "tp"
 """The tensor-parallel dimension: ranks that hold different slices of the same layers and see the same data."""
 DATA_PARALLEL_DIMS = (DP, REPLICATE, SHARD)
 """Dimensions over which ranks see different data."""
+DIM_ORDER = (REPLICATE, SHARD, DP, TP)
+"""Outermost first: the last dimension's ranks are consecutive."""
+
+SHARDED_OVER = "sharded_over"
+"""The attribute on a parameter that says which mesh dimensions split it: {dimension name: tensor dim}."""
 
 
+# ------------------------------------------------------------------------------- degrees
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _processes(n: int) -> str:
+    return f"the {n} processes of the job" if n != 1 else "the 1 process of the job"
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """How many ranks along each dimension; replicate x shard x tp is the world.
+
+    hybrid: lay data parallelism out as two dimensions (replicate, shard) even where one
+    of them is 1 (hybrid FSDP works over both); otherwise as one, "dp".
+    """
+
+    replicate: int = 1
+    shard: int = 1
+    tp: int = 1
+    hybrid: bool = False
+
+    @classmethod
+    def infer(cls, world_size: int, *, tp: int = 1, shard: int = 1, hybrid: bool = False,
+              settings: dict[str, str] | None = None) -> ParallelDims:
+        """The degrees for `world_size` ranks; shard=-1: every data-parallel rank shards (FSDP).
+
+        A degree that does not fit is one line naming its setting (`settings` maps "tp" and
+        "shard" to the user's names for them, e.g. "strategy.tp_size") and the valid values.
+        """
+        name = {TP: TP, SHARD: SHARD} | (settings or {})
+        if tp < 1 or world_size % tp:
+            raise ValueError(f"{name[TP]}={tp} must divide {_processes(world_size)}; "
+                             f"valid: {_divisors(world_size)}")
+        dp = world_size // tp
+        shard = dp if shard == -1 else shard
+        if shard < 1 or dp % shard:
+            ranks = f"{dp} data-parallel ranks ({world_size} processes / {name[TP]}={tp})" if tp > 1 \
+                else _processes(world_size)[4:]
+            raise ValueError(f"{name[SHARD]}={shard} must divide the {ranks}; valid: {_divisors(dp)}")
+        return cls(dp // shard, shard, tp, hybrid)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different data shards the job reads."""
+        return self.replicate * self.shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The mesh's dimensions, outermost first (tp only where it is > 1)."""
+        return ((REPLICATE, SHARD) if self.hybrid else (DP,)) + ((TP,) if self.tp > 1 else ())
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        sizes = {REPLICATE: self.replicate, SHARD: self.shard, DP: self.dp, TP: self.tp}
+        return tuple(sizes[n] for n in self.names)
+
+    def build(self, device_type: str) -> Layout:
+        """The DeviceMesh (a collective: every rank builds it) and, for hybrid, "dp" flattened."""
+        mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
+        flat = {DP: mesh[(REPLICATE, SHARD)]._flatten(DP)} if self.hybrid else {}
+        return Layout(mesh, flat)
+
+
+# -------------------------------------------------------------------------------- layout
+class Layout:
+    """A DeviceMesh with named dimensions, the sub-meshes flattened from it, and this rank's place.
+
+    Layout(mesh) wraps any mesh built elsewhere (data_parallel_mesh, hybrid_mesh); its
+    data-parallel reductions then run one all_reduce per dimension instead of one over "dp".
+    """
+
+    def __init__(self, mesh: DeviceMesh, flattened: dict[str, DeviceMesh] | None = None):
+        self.mesh = mesh
+        if mesh.mesh_dim_names is None and mesh.ndim != 1:
+            raise ValueError(f"a {mesh.ndim}-D mesh needs mesh_dim_names (minidist.mesh's constants)")
+        self.names: tuple[str, ...] = tuple(mesh.mesh_dim_names or (DP,))
+        self._flat = dict(flattened or {})
+        self._covers = {DP: tuple(n for n in self.names if n in (REPLICATE, SHARD))} if DP not in self.names else {}
+
+    # -- dimensions, by name -------------------------------------------------------------------
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        return self.names
+
+    def root_dims(self, name: str) -> tuple[str, ...]:
+        """The mesh dimensions `name` spans: itself, or (replicate, shard) for a flattened "dp";
+        () for a dimension this layout does not have (size 1: tp in a data-parallel job)."""
+        if name in self.names:
+            return (name,)
+        if name in self._covers:
+            return self._covers[name]
+        if name in DIM_ORDER:
+            return ()
+        raise ValueError(f"no mesh dimension {name!r}: this layout has {self.names} (and {DP!r})")
+
+    def __getitem__(self, name: str | tuple[str, ...]) -> DeviceMesh:
+        """The sub-mesh over `name` (a dimension, "dp", or a tuple of dimensions)."""
+        if isinstance(name, str) and name in self._flat:
+            return self._flat[name]
+        if isinstance(name, str) and self.root_dims(name) != (name,):
+            raise ValueError(f"dimension {name!r} spans {self.root_dims(name)}: build the layout with "
+                             f"ParallelDims.build() to have it flattened")
+        return self.mesh[name]
+
+    def size(self, name: str | None = None) -> int:
+        """Ranks along `name` (1 for a dimension the layout does not have); None: the whole world."""
+        if name is None:
+            return self.mesh.size()
+        return math.prod(self.mesh.size(self.names.index(d)) for d in self.root_dims(name))
+
+    @property
+    def device(self) -> torch.device:
+        """Where this layout's collectives take their tensors (NCCL: the current GPU)."""
+        t = self.mesh.device_type
+        return torch.device(t, torch.cuda.current_device()) if t == "cuda" else torch.device(t)
+
+    @property
+    def coordinate(self) -> dict[str, int]:
+        """This rank's index along every mesh dimension."""
+        return dict(zip(self.names, self.mesh.get_coordinate()))
+
+    @property
+    def key(self) -> str:
+        """The coordinate as a file-name part: "dp1", "replicate0_shard1", "dp0_tp1"."""
+        return "_".join(f"{n}{c}" for n, c in self.coordinate.items())
+
+    # -- the trainer's questions ---------------------------------------------------------------
+    @property
+    def dp_dims(self) -> tuple[str, ...]:
+        return tuple(n for n in self.names if n in DATA_PARALLEL_DIMS)
+
+    @property
+    def dp_size(self) -> int:
+        """How many different data shards the job reads: the product of the data-parallel dimensions."""
+        return math.prod(self.size(n) for n in self.dp_dims)
+
+    @property
+    def dp_rank(self) -> int:
+        """Which data shard this rank reads: its coordinate along the data-parallel dimensions, row-major.
+        Ranks that differ only in tp read the same data."""
+        rank, coord = 0, self.coordinate
+        for n in self.dp_dims:
+            rank = rank * self.size(n) + coord[n]
+        return rank
+
+    @property
+    def is_main(self) -> bool:
+        """The one process that writes logs, plots and whole-model files: coordinate 0 on every dimension."""
+        return not any(self.mesh.get_coordinate())
+
+    @property
+    def main_rank(self) -> int:
+        """The main process's global rank (the source of what it decides for everyone)."""
+        return int(self.mesh.mesh.flatten()[0])
+
+    def all_reduce(self, tensor: torch.Tensor, over: tuple[str, ...] = (DP,), op=comm.ReduceOp.SUM) -> torch.Tensor:
+        """Reduce `tensor` in place over the dimensions `over` (default: data parallel, so ranks that
+        differ only in tp count once). One all_reduce over a flattened group where one covers them all."""
+        dims = [d for name in over for d in self.root_dims(name)]
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"dimensions {over} overlap: each rank would be counted twice")
+        flat = [n for n, covered in self._covers.items() if n in self._flat and set(covered) == set(dims)]
+        groups = [self._flat[flat[0]].get_group()] if len(dims) > 1 and flat else \
+            [self.mesh.get_group(d) for d in dims if self.size(d) > 1]
+        for group in groups:
+            comm.all_reduce(tensor, op, group=group)
+        return tensor
+
+
+# ------------------------------------------------------------------ meshes for the engines' users
 def data_parallel_mesh(topo: Topology) -> DeviceMesh:
     """A 1-D mesh over every rank of the job, dimension "dp"."""
     return init_device_mesh(topo.device.type, (topo.world_size,), mesh_dim_names=(DP,))
@@ -52,42 +245,37 @@ def hybrid_mesh(topo: Topology, shard: int) -> DeviceMesh:
     all_gathers and reduce_scatters stay on the node's fast links and only the
     replicate all_reduce (1/shard of the bytes) crosses nodes.
     """
-    n = topo.world_size
-    if shard < 1 or n % shard:
-        raise ValueError(f"hybrid sharding: shard size {shard} must be >= 1 and divide the {n} ranks of the job")
-    return init_device_mesh(topo.device.type, (n // shard, shard), mesh_dim_names=(REPLICATE, SHARD))
+    dims = ParallelDims.infer(topo.world_size, shard=shard, hybrid=True, settings={SHARD: "hybrid_mesh: shard"})
+    return init_device_mesh(topo.device.type, dims.shape, mesh_dim_names=dims.names)
 
 
-def _dp_dims(mesh: DeviceMesh) -> list[int]:
-    names = mesh.mesh_dim_names or ()
-    return [i for i, name in enumerate(names) if name in DATA_PARALLEL_DIMS]
+def _layout(mesh: Layout | DeviceMesh) -> Layout:
+    return mesh if isinstance(mesh, Layout) else Layout(mesh)
 
 
-def dp_size(mesh: DeviceMesh) -> int:
-    """How many different data shards the job reads: the product of the data-parallel dimensions."""
-    return math.prod(mesh.size(i) for i in _dp_dims(mesh))
+def dp_size(mesh: Layout | DeviceMesh) -> int:
+    """Layout.dp_size of a layout or a mesh."""
+    return _layout(mesh).dp_size
 
 
-def dp_rank(mesh: DeviceMesh) -> int:
-    """Which data shard this rank reads: its coordinate along the data-parallel dimensions, row-major."""
-    coord = mesh.get_coordinate()
-    rank = 0
-    for i in _dp_dims(mesh):
-        rank = rank * mesh.size(i) + coord[i]
-    return rank
+def dp_rank(mesh: Layout | DeviceMesh) -> int:
+    """Layout.dp_rank of a layout or a mesh."""
+    return _layout(mesh).dp_rank
 
 
-def is_main(mesh: DeviceMesh) -> bool:
-    """The one process that writes logs, plots and whole-model files: coordinate 0 on every dimension."""
-    return not any(mesh.get_coordinate())
+def is_main(mesh: Layout | DeviceMesh) -> bool:
+    """Layout.is_main of a layout or a mesh."""
+    return _layout(mesh).is_main
 
 
-def all_reduce_dp(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """Sum `tensor` over every data-parallel rank (one all_reduce per dimension), in place."""
-    for i in _dp_dims(mesh):
-        if mesh.size(i) > 1:
-            comm.all_reduce(tensor, comm.ReduceOp.SUM, group=mesh.get_group(i))
-    return tensor
+def main_rank(mesh: Layout | DeviceMesh) -> int:
+    """Layout.main_rank of a layout or a mesh."""
+    return _layout(mesh).main_rank
+
+
+def all_reduce_dp(tensor: torch.Tensor, mesh: Layout | DeviceMesh) -> torch.Tensor:
+    """Sum `tensor` over every data-parallel rank, in place (Layout.all_reduce)."""
+    return _layout(mesh).all_reduce(tensor)
 
 
 def group_of(who: str, process_group, mesh: DeviceMesh | None):
@@ -104,3 +292,22 @@ def group_of(who: str, process_group, mesh: DeviceMesh | None):
         raise ValueError(f"{who} spans one mesh dimension, got a {mesh.ndim}-D mesh with dimensions "
                          f"{mesh.mesh_dim_names}; pass one of them, e.g. mesh[{(mesh.mesh_dim_names or ('dp',))[-1]!r}]")
     return mesh.get_group()
+
+
+# ------------------------------------------------------------------- parameters split over a dimension
+def shard_param(param: torch.Tensor, dim: str, tensor_dim: int | None = 0) -> torch.Tensor:
+    """Declare that `param` holds a slice of a bigger parameter, split over mesh dimension `dim`
+    along its tensor dimension `tensor_dim` (None: split some other way, e.g. FSDP1's flat shards).
+
+    A tensor-parallel layer calls shard_param(weight, TP, 0) for a column-parallel weight.
+    Gradient clipping then sums the slices' squared norms over `dim` (a parameter with no
+    declaration is whole, and counted once), and a whole-model checkpoint gathers the slices
+    along `tensor_dim`. Returns `param`; the declaration is the attribute `param.sharded_over`.
+    """
+    setattr(param, SHARDED_OVER, sharded_over(param) | {dim: tensor_dim})
+    return param
+
+
+def sharded_over(param: torch.Tensor) -> dict[str, int | None]:
+    """{mesh dimension: tensor dim} for each dimension that splits `param`; {} for a whole one."""
+    return dict(getattr(param, SHARDED_OVER, {}))

@@ -60,3 +60,14 @@ def divide_factors(world_size: int, reduce_dtype: torch.dtype) -> tuple[float, f
     while world_size % pre == 0 and world_size / pre > pre:
         pre *= 2
     return float(pre), world_size / pre
+
+
+def cast_floating(tree, dtype: torch.dtype):
+    """`tree` (args, kwargs, nested lists/dicts) with every floating tensor cast to `dtype`.
+
+    What an engine that computes in param_dtype does to a module's inputs (FSDP2's
+    cast_forward_inputs): a float32 batch meets bf16 weights in the first layer.
+    """
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)

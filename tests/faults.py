@@ -21,7 +21,7 @@ def crash_once(before_step: int):
     """The main process raises before `before_step`, once per run directory (a marker file remembers)."""
     def callback(run, done: int) -> None:
         marker = run.run_dir / CRASH_MARKER
-        if done + 1 == before_step and is_main(run.mesh) and not marker.exists():
+        if done + 1 == before_step and is_main(run.layout) and not marker.exists():
             marker.write_text("the main process crashed here once, on purpose\n")
             raise RuntimeError(f"injected crash before step {before_step}")
     return callback

@@ -88,15 +88,15 @@ def test_graph_covers_every_module_and_import_form():
     source = """
 import minidist.comm.trace
 from minidist import mesh, Topology
-from minidist.fsdp.param import FlatParamShard
-from . import collectives
+from minidist.fsdp.param import UnitShards
+from . import all_gather
 if TYPE_CHECKING:
     from minidist.fsdp.unit import FSDPUnit
 def f():
     from .schedule import Schedule
 """
     assert _edges("minidist.fsdp.api", source, known) == {
-        "minidist.comm.trace", "minidist.mesh", "minidist", "minidist.fsdp.param", "minidist.fsdp.collectives",
+        "minidist.comm.trace", "minidist.mesh", "minidist", "minidist.fsdp.param", "minidist.fsdp.all_gather",
         "minidist.fsdp.unit", "minidist.fsdp.schedule"}
     assert "minidist.comm" in _graph()["minidist.mesh"]
 

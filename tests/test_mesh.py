@@ -47,6 +47,55 @@ def _errors() -> list[str]:
 
 def test_one_line_errors(run_dist):
     shard, two_d, both = run_dist(2, _errors)[0]
-    assert "shard size 3 must be >= 1 and divide the 2 ranks" in shard
+    assert "hybrid_mesh: shard=3 must divide the 2 processes of the job; valid: 1, 2" in shard, shard
     assert "2-D mesh" in two_d and "mesh['shard']" in two_d
     assert "not both" in both
+
+
+def _tp_layout() -> dict:
+    from minidist.mesh import DP, TP, ParallelDims
+    topo = runtime.init("gloo")
+    out = {}
+    for label, dims in (("dp x tp", ParallelDims.infer(4, tp=2)),
+                        ("hybrid", ParallelDims.infer(4, shard=2, hybrid=True)),
+                        ("hybrid x tp", ParallelDims.infer(4, tp=2, shard=1, hybrid=True))):
+        layout = dims.build("cpu")
+        loss = torch.tensor([float(layout.dp_rank + 1)])  # the same on ranks that differ only in tp
+        out[label] = {"names": layout.names, "key": layout.key, "dp": (layout.dp_rank, layout.dp_size),
+                      "main": layout.is_main, "main_rank": layout.main_rank,
+                      "dp_group": dist.get_process_group_ranks(layout[DP].get_group()),
+                      "tp_size": layout.size(TP), "loss_sum": layout.all_reduce(loss).item()}
+        if layout.size(TP) > 1:
+            out[label]["tp_group"] = dist.get_process_group_ranks(layout[TP].get_group())
+    return out
+
+
+def test_named_layouts_world4(run_dist):
+    got = run_dist(4, _tp_layout)
+    for r, g in enumerate(got):
+        tp = g["dp x tp"]  # tp innermost: ranks 2k, 2k+1 hold two slices of the same layers
+        assert tp["names"] == ("dp", "tp") and tp["key"] == f"dp{r // 2}_tp{r % 2}"
+        assert tp["dp"] == (r // 2, 2) and tp["tp_group"] == [r - r % 2, r - r % 2 + 1]
+        assert tp["dp_group"] == [r % 2, r % 2 + 2] and tp["main"] == (r == 0) and tp["main_rank"] == 0
+        assert tp["loss_sum"] == 1 + 2  # each data shard's loss once, not once per tp rank
+        hy = g["hybrid"]  # "dp" is the flattening of (replicate, shard): one group over both
+        assert hy["names"] == ("replicate", "shard") and hy["key"] == f"replicate{r // 2}_shard{r % 2}"
+        assert hy["dp"] == (r, 4) and hy["dp_group"] == [0, 1, 2, 3] and hy["tp_size"] == 1
+        assert hy["loss_sum"] == 1 + 2 + 3 + 4
+        both = g["hybrid x tp"]
+        assert both["names"] == ("replicate", "shard", "tp") and both["key"] == f"replicate{r // 2}_shard0_tp{r % 2}"
+        assert both["dp"] == (r // 2, 2) and both["dp_group"] == [r % 2, r % 2 + 2] and both["loss_sum"] == 3
+
+
+def test_degrees_that_do_not_fit_name_their_setting():
+    from minidist.mesh import ParallelDims
+    names = {"tp": "strategy.tp_size", "shard": "strategy.shard_size"}
+    with pytest.raises(ValueError) as e:
+        ParallelDims.infer(4, tp=3, settings=names)
+    assert str(e.value) == "strategy.tp_size=3 must divide the 4 processes of the job; valid: 1, 2, 4"
+    with pytest.raises(ValueError) as e:
+        ParallelDims.infer(8, tp=2, shard=3, hybrid=True, settings=names)
+    assert str(e.value) == ("strategy.shard_size=3 must divide the 4 data-parallel ranks (8 processes / "
+                            "strategy.tp_size=2); valid: 1, 2, 4")
+    dims = ParallelDims.infer(8, tp=2, shard=-1)  # FSDP: every data-parallel rank shards
+    assert (dims.replicate, dims.shard, dims.tp, dims.names, dims.shape) == (1, 4, 2, ("dp", "tp"), (4, 2))

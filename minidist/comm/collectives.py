@@ -222,13 +222,20 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group 
 
 
 def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *,
-               group: Group = None, async_op: bool = False):
+               group: Group = None, async_op: bool = False, algorithm: str = "native"):
     """Every rank's `input`, in rank order, into `output` on every rank.
 
     `output` is either a list of N tensors shaped like `input`, or one tensor of
     N * input.numel() elements laid out [rank0 | rank1 | ...] along dim 0.
+    `algorithm`: "native" (the default), or "ring" / "auto" (the ring where the backend
+    is gloo on CPU tensors, as for reduce_scatter) for one output tensor: minidist.comm.ring's
+    ring receives into `output` in place, where gloo's own stages the whole output first.
     """
     n = _size(group)
+    impl = _ring.choose(algorithm, group, input) if isinstance(output, torch.Tensor) else "native"
+    if impl == "ring":
+        return _issue("all_gather", input, input.numel() * n, group,
+                      lambda: _ring.ring_all_gather(output, input, group, async_op), algorithm="ring")
     if isinstance(output, torch.Tensor):
         call = lambda: _all_gather_single(output, input, group=group, async_op=async_op)  # noqa: E731
     else:

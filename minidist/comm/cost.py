@@ -14,9 +14,14 @@ payload of S bytes (the full logical tensor, as in minidist.comm.trace):
     all_to_all      (N-1) a  +   S (N-1)/N b               log2(N) a   + S/2 log2(N) b     (Bruck)
     barrier         2(N-1) a                               log2(N) a                     (dissemination)
 
-The ring's bandwidth term for all_reduce tends to 2 S b whatever N is, which is
-why rings win for large payloads; its latency term grows as N, which is why
-trees win for small payloads on many ranks. NCCL chooses between them by size.
+The ring's bandwidth term for all_reduce tends to 2 S b whatever N is; its latency term grows as N.
+The "tree" column of all_reduce, all_gather and reduce_scatter is recursive halving/doubling: the
+ring's bandwidth term with log2(N) latencies, so in this model it is never slower than the ring at a
+power-of-two N. What makes real systems send large messages round rings is outside the model (each
+halving/doubling step talks to a partner 2^k ranks away, over links a ring never shares; N must be
+a power of two). Only for broadcast and reduce does the tree pay in bandwidth: a binomial tree
+forwards all of S at each of its log2(N) levels, a pipelined chain once. NCCL picks its ring or its
+(double binary) tree per call from its own tuning tables, not from these formulas.
 
 calibrate() times all_reduce at a few sizes on the current group: alpha from
 the smallest (pure latency), beta from the largest (bandwidth, less latency).

@@ -1,4 +1,5 @@
-"""A ring reduce_scatter from point-to-point sends: S (N-1)/N bytes per rank, the minimum.
+"""A ring reduce_scatter from point-to-point sends: S (N-1)/N bytes per rank, the minimum (and a
+ring all_gather that receives in place: ring_all_gather).
 
 Why: gloo's reduce_scatter all_reduces a copy of the whole input and keeps one chunk, so
 each rank sends 2 S (N-1)/N bytes, twice what a reduce_scatter needs (torch's FSDP2 on gloo
@@ -161,6 +162,47 @@ def _ring(output: torch.Tensor, input: torch.Tensor, op, group: Group) -> None:
             send = recv
     if not in_place:
         output.copy_(out.view_as(output))
+
+
+def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: Group = None, async_op: bool = False):
+    """Every rank's `input` into chunk `rank` of `output` (N * input.numel() elements), received in place.
+
+    The same ring the other way round: at step s rank r sends chunk (r - s) mod N (its own at
+    step 0, then the one it just received) to r+1 and receives chunk (r-1-s) mod N from r-1
+    straight into its slot of `output`: (N-1) alpha + S (N-1)/N beta, as gloo's all_gather, but
+    without gloo's staging copy of the whole output (ProcessGroupGloo gathers into a fresh flat
+    buffer, then copies it out). `input` may be `output`'s own chunk (nothing to copy then).
+    """
+    n = dist.get_world_size(group)
+    if output.numel() != input.numel() * n or not output.is_contiguous():
+        raise ValueError(f"all_gather: output must be contiguous with {n} x {input.numel()} elements, "
+                         f"got {output.numel()}")
+    run = lambda: _gather_ring(output, input, group)  # noqa: E731
+    if output.device.type != "cpu" or n == 1:
+        return _run_now(run, output, async_op)
+    lane = _lane(group, create=async_op)
+    if not async_op and (lane is None or lane.idle()):
+        return _run_now(run, output, async_op)
+    work = RingWork(output)
+    lane.submit(lambda: work._run(run))
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _gather_ring(output: torch.Tensor, input: torch.Tensor, group: Group) -> None:
+    n, k = dist.get_world_size(group), input.numel()
+    chunks = output.view(-1).split(k)
+    r = dist.get_rank(group)
+    if chunks[r].data_ptr() != input.data_ptr():
+        chunks[r].copy_(input.reshape(-1))
+    right, left = global_rank(group, (r + 1) % n), global_rank(group, (r - 1) % n)
+    for s in range(n - 1):
+        works = (dist.isend(chunks[(r - s) % n], right, group=group, tag=_TAG + 1),
+                 dist.irecv(chunks[(r - 1 - s) % n], left, group=group, tag=_TAG + 1))
+        for w in works:
+            w.wait()
 
 
 class RingWork:

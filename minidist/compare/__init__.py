@@ -1,4 +1,4 @@
-"""minidist.compare: DDP, ZeRO-1 and FSDP side by side, measured next to the formulas.
+"""minidist.compare: DDP, ZeRO-1/2 and FSDP side by side, measured next to the formulas.
 
     torchrun --standalone --nproc_per_node=2 -m recipes.compare      # the table, the charts, the timeline
     python -m recipes.compare --estimate model.n_layer=12           # predicted memory, nothing runs
@@ -12,8 +12,8 @@ Modules, one concept each (collective bytes and times come from minidist.comm.tr
     allocator   peak memory as the allocator saw it (torch's profiler on the CPU, the CUDA allocator)
     memory      MemoryLedger: live tensor bytes of a step by role, at its peak
     profile     the plain model's step on fake tensors (activations, temporaries over time)
-    footprints  what today's ZeRO-1 and FSDP hold at each instant (minidist.footprint; DDP's: minidist.ddp.footprint)
-    estimate    per-rank peak predicted per strategy and world: the profile plus the engine's footprint
+    estimate    per-rank peak predicted per strategy and world: the profile plus what the engine says it
+                holds at each instant (minidist.footprint: ddp/, zero/ and fsdp/footprint.py)
     projection  communication at 8..1024 ranks as NCCL runs it (ring or tree, nodes and NICs), against compute
     timeline    Chrome trace JSON and a PNG of the measured steps
     report      the tables (text, Markdown, CSV, JSON); plots: the bar chart

@@ -34,6 +34,7 @@ and the estimate (minidist.compare.estimate) with its error against the allocato
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 
@@ -142,8 +143,10 @@ def settings_of(strategy_cfg, raw: dict | None = None, world: int | None = None)
     """estimate_memory's settings from a strategy preset (and the mesh a run really used)."""
     name = strategy_cfg.name
     out = {}
-    if name in ("ddp", "zero1"):
-        out |= {"bucket_cap_mb": strategy_cfg.bucket_cap_mb, "gradient_as_bucket_view": strategy_cfg.gradient_as_bucket_view}
+    if name in ("ddp", "zero1", "zero2", "zero1_broadcast"):
+        out["bucket_cap_mb"] = strategy_cfg.bucket_cap_mb
+    if name == "ddp":
+        out["gradient_as_bucket_view"] = strategy_cfg.gradient_as_bucket_view
     if name in ("shard_grad_op", "full_shard", "hybrid_shard", "no_shard"):
         out |= {k: getattr(strategy_cfg, k) for k in ("max_inflight_all_gathers", "forward_prefetch",
                                                       "backward_prefetch")}
@@ -157,8 +160,7 @@ def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepPr
     """One strategy's measured and predicted numbers (plain JSON; see the module docstring)."""
     r0, steps = raws[0], cfg.steps
     world = r0["world"]
-    lay = Layout(layout.param_numels, layout.unit_numels, tuple(r0["bucket_numels"]) or layout.bucket_numels,
-                 layout.itemsize)
+    lay = dataclasses.replace(layout, bucket_numels=tuple(r0["bucket_numels"]) or layout.bucket_numels)
     shard = r0["mesh"]["shape"][-1] if strategy_cfg.name == "hybrid_shard" else None
     calls = plan(strategy_cfg.name, lay, world, shard, grad_clip=cfg.trainer.grad_clip > 0)
     counts: dict[str, float] = defaultdict(float)

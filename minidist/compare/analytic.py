@@ -4,40 +4,45 @@
     calls = plan("full_shard", lay, world=8)
     ring_bytes(calls)            # bytes one rank sends: the textbook formulas, summed over the calls
 
-Per step and rank, S = bytes of the parameters (FSDP: of the units' flat buffers, padded to a
-multiple of the shard group), N ranks, ring model (minidist.comm.trace.ring_bytes_sent; a
-broadcast counted as the mean over ranks, S (N-1)/N: N-1 of the N ranks send S):
+Per step and rank, S = bytes of the parameters (FSDP: every parameter padded to whole rows per
+rank, dim 0, as minidist.fsdp shards it; ZeRO: each bucket padded to a multiple of N), N ranks,
+ring model (minidist.comm.trace.ring_bytes_sent; a broadcast counted as the mean over ranks,
+S (N-1)/N: N-1 of the N ranks send S):
 
-    ddp            one all_reduce per gradient bucket                     2 S (N-1)/N
-    zero1          ddp's, plus one broadcast of each owner's share of      3 S (N-1)/N
-                   the updated parameters (what an all_gather would send)
-    shard_grad_op  per unit: all_gather (forward), reduce_scatter          2 S (N-1)/N
-    full_shard     per unit: all_gather (forward), all_gather (backward,   (3 S - S_root) (N-1)/N
-                   freed after forward; not the root, kept), reduce_scatter
-    hybrid_shard   full_shard in a shard group of G, then an all_reduce    (3 S - S_root) (G-1)/G
-                   of each reduced shard across the R = N/G replicas       + 2 (S/G) (R-1)/R
-    no_shard       one all_reduce per unit                                 2 S (N-1)/N
+    ddp              one all_reduce per gradient bucket                   2 S (N-1)/N
+    zero1, zero2     per bucket: reduce_scatter (backward), all_gather    2 S (N-1)/N
+                     of the updated partitions (after step)
+    zero1_broadcast  ddp's, plus one broadcast of each owner's share of   3 S (N-1)/N
+                     the updated parameters (what an all_gather would send)
+    shard_grad_op    per unit: all_gather (forward), reduce_scatter       2 S (N-1)/N
+    full_shard       per unit: all_gather (forward), all_gather (backward, (3 S - S_root) (N-1)/N
+                     freed after forward; not the root, kept), reduce_scatter
+    hybrid_shard     full_shard in a shard group of G, then an all_reduce  (3 S - S_root) (G-1)/G
+                     of each reduced shard across the R = N/G replicas     + 2 (S/G) (R-1)/R
+    no_shard         one all_reduce per unit                               2 S (N-1)/N
 
-plus, for the FSDP strategies, the gradient-norm all_reduce of one fp32 scalar when clipping.
-Each call also says when in the step it is issued (phase: forward, backward, or after the
-backward: ZeRO-1's parameter exchange, the clip) and so what compute could hide it
-(minidist.compare.projection), and is sized in the dtype the engine moves: gathered parameters
-in param_itemsize, reduced gradients in reduce_itemsize (fp32 unless an FSDP param_dtype /
-reduce_dtype says otherwise: DDP and ZeRO-1 reduce the gradients in the parameters' dtype).
+plus, for FSDP and the paper's ZeRO (whose gradients are sharded), the gradient-norm all_reduce
+of one fp32 scalar when clipping. Each call also says when in the step it is issued (phase:
+forward, backward, or after the backward: ZeRO's parameter exchange without
+overlap_param_gather, the clip) and so what compute could hide it (minidist.compare.projection),
+and is sized in the dtype the engine moves: gathered parameters in param_itemsize, reduced
+gradients in itemsize (fp32 unless a param_dtype / reduce_dtype says otherwise).
 What the backend really runs, and what the kernel saw written, come from the trace and from
 minidist.comm.kernel_io (minidist.compare.analysis), never from here.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch.nn as nn
 
 from minidist.comm.trace import ring_bytes_sent
-from minidist.compare.footprints import zero1_shares
+from minidist.zero.footprint import owner_shares
 
-CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "3S(N-1)/N", "shard_grad_op": "2S(N-1)/N",
+CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "2S(N-1)/N", "zero2": "2S(N-1)/N", "zero1_broadcast": "3S(N-1)/N",
+               "shard_grad_op": "2S(N-1)/N",
                "full_shard": "(3S-S_root)(N-1)/N", "hybrid_shard": "(3S-S_root)(G-1)/G + 2(S/G)(R-1)/R",
                "no_shard": "2S(N-1)/N", "single": "0"}
 
@@ -75,26 +80,31 @@ class Layout:
     """The sizes a strategy's collectives are made of (elements), and the bytes per element moved."""
 
     param_numels: tuple[int, ...]
-    """Every parameter once (ZeRO-1 partitions them by numel)."""
+    """Every parameter once (the owner-broadcast variant partitions them by numel)."""
     unit_numels: tuple[int, ...]
     """FSDP units, root first (minidist.fsdp's assignment for the wrapped block types)."""
     bucket_numels: tuple[int, ...]
-    """DDP's gradient buckets as the reducer built them."""
+    """The gradient buckets as the engine built them (DDP's reducer; ZeRO's, padded to N)."""
     itemsize: int = 4
     """Bytes per gradient element reduced (and per parameter element where nothing else is said)."""
     even_shares: bool = False
-    """ZeRO-1: N equal shares instead of partitioning param_numels (a model known only by its size)."""
+    """zero1_broadcast: N equal shares instead of partitioning param_numels (a model known only by its size)."""
     param_itemsize: int = 0
     """Bytes per parameter element gathered or broadcast (0 = itemsize)."""
+    unit_param_rows: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """FSDP units' parameters as (rows, elements per row): each is padded to whole rows per rank
+    (empty: a model known only by its size, each unit padded as one flat buffer)."""
 
     @classmethod
     def from_model(cls, model: nn.Module, blocks, bucket_numels=()) -> "Layout":
         from minidist.fsdp.api import build_units, wrap_predicate
-        units = build_units(model, wrap_predicate(set(blocks)))
-        units = tuple(sum(i.param.numel() for i in infos) for _, _, infos in units)
+        units = [infos for _, _, infos in build_units(model, wrap_predicate(set(blocks)))]
+        units = [infos for infos in units if sum(i.param.numel() for i in infos)]
+        rows = tuple(tuple(param_rows(i.param.shape) for i in infos) for infos in units)
         params = tuple(p.numel() for p in model.parameters())
         itemsize = next(model.parameters()).element_size()
-        return cls(params, tuple(u for u in units if u), tuple(bucket_numels) or (sum(params),), itemsize)
+        return cls(params, tuple(sum(r * c for r, c in u) for u in rows), tuple(bucket_numels) or (sum(params),),
+                   itemsize, unit_param_rows=rows)
 
     @classmethod
     def uniform(cls, psi: float, layers: int, bucket_cap_bytes: int, itemsize: int = 4,
@@ -119,15 +129,30 @@ def _padded(numel: int, n: int) -> int:
     return -(-numel // n) * n
 
 
+def param_rows(shape) -> tuple[int, int]:
+    """(rows, elements per row) of a parameter: dim 0 is what FSDP splits (a 0-dim one is one row)."""
+    rows = shape[0] if len(shape) else 1
+    return rows, (math.prod(shape) // rows if rows else math.prod(shape[1:]))
+
+
+def padded_unit(param_rows_: tuple[tuple[int, int], ...], n: int) -> int:
+    """Elements one all_gather of a unit moves over n ranks: each parameter padded to n ceil(R/n) rows."""
+    return sum(n * -(-r // n) * c for r, c in param_rows_)
+
+
 def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, grad_clip: bool = True) -> list[Call]:
     """Every collective one step of `strategy` issues, per rank, at `world` ranks."""
     g_b, p_b, n = lay.itemsize, lay.gather_itemsize, world
     if n <= 1 or strategy == "single":
         return []
-    if strategy in ("ddp", "zero1"):
+    if strategy in ("zero1", "zero2"):  # bucket_numels: the buckets as built (padded); else padded here
+        calls = [c for x in lay.bucket_numels for c in (Call("reduce_scatter", _padded(x, n) * g_b, n),
+                                                          Call("all_gather", _padded(x, n) * p_b, n, phase="after"))]
+        return calls + ([Call("all_reduce", 4, n, phase="after")] if grad_clip else [])
+    if strategy in ("ddp", "zero1_broadcast"):
         calls = [Call("all_reduce", x * g_b, n) for x in lay.bucket_numels]
-        if strategy == "zero1":
-            shares = [lay.psi // n] * n if lay.even_shares else [sum(s) for s in zero1_shares(lay.param_numels, n) if s]
+        if strategy == "zero1_broadcast":
+            shares = [lay.psi // n] * n if lay.even_shares else [sum(s) for s in owner_shares(lay.param_numels, n) if s]
             calls += [Call("broadcast", s * p_b, n, phase="after") for s in shares]
         return calls
     if strategy == "no_shard":
@@ -138,12 +163,13 @@ def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, 
     for i, u in enumerate(lay.unit_numels):
         # full_shard gathers again in backward, except the unit that ends the forward (the root,
         # first here), whose parameters stay gathered into backward (minidist.fsdp.unit)
-        calls.append(Call("all_gather", _padded(u, g) * p_b, g, phase="forward"))
+        padded = padded_unit(lay.unit_param_rows[i], g) if lay.unit_param_rows else _padded(u, g)
+        calls.append(Call("all_gather", padded * p_b, g, phase="forward"))
         if strategy != "shard_grad_op" and i != 0:
-            calls.append(Call("all_gather", _padded(u, g) * p_b, g))
-        calls.append(Call("reduce_scatter", _padded(u, g) * g_b, g))
+            calls.append(Call("all_gather", padded * p_b, g))
+        calls.append(Call("reduce_scatter", padded * g_b, g))
         if r > 1:
-            calls.append(Call("all_reduce", _padded(u, g) // g * g_b, r, span=n))
+            calls.append(Call("all_reduce", padded // g * g_b, r, span=n))
     if grad_clip and g > 1:
         calls.append(Call("all_reduce", 4, g, phase="after"))
     return calls

@@ -83,8 +83,8 @@ class EstimateConfig:
 class CompareConfig:
     """Top level of configs/compare.yaml."""
 
-    strategies: list[str] = field(default_factory=lambda: ["ddp", "zero1", "shard_grad_op", "full_shard",
-                                                           "hybrid_shard"])
+    strategies: list[str] = field(default_factory=lambda: ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op",
+                                                           "full_shard", "hybrid_shard"])
     """Strategies to run, in order (keys of strategy_options)."""
     strategy_options: Any = MISSING
     """Every strategy preset, by name (configs/strategy/<name>.yaml on its schema)."""

@@ -7,15 +7,16 @@
 How: profile_step() records the plain model's step on fake tensors (activations, temporaries and
 gradients after every operator, and which FSDP unit runs); the engine says what it holds at each
 instant of a step (its held(), the minidist.footprint interface: minidist/ddp/footprint.py,
-minidist/compare/footprints.py for ZeRO-1 and FSDP). At every profile sample, and at the
+minidist/zero/footprint.py, minidist/fsdp/footprint.py). At every profile sample, and at the
 instants only the engine knows (a unit's post_backward, the optimizer step), the estimate adds
 the two; its peak is the prediction. Nothing here knows an engine's schedule.
 
 Model states alone are ZeRO's formulas (Rajbhandari et al. 2020, Figure 1), model_state_bytes():
 psi parameters, N ranks, p bytes per parameter, g per gradient, K of optimizer state per parameter:
 
-    ddp            (p + g + K) psi                 ZeRO-1 (P_os)          (p + g) psi + K psi / N
-    shard_grad_op  p psi + (g + K) psi / N         full_shard (P_os+g+p)  (p + g + K) psi / N
+    ddp              (p + g + K) psi               zero1, zero1_broadcast (P_os)  (p + g) psi + K psi / N
+    zero2 (P_os+g)   p psi + (g + K) psi / N       shard_grad_op                  p psi + (g + K) psi / N
+    full_shard       (p + g + K) psi / N           hybrid_shard (shard group G)   (p + g + K) psi / G
 
 With the paper's mixed precision (fp16 parameters and gradients, p = g = 2, and Adam's fp32
 master copy, momentum and variance, K = 12) that is 16 psi; training in fp32 it is (4 + 4 + K)
@@ -33,14 +34,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from minidist.compare import footprints
 from minidist.compare.profile import Sample, StepProfile, profile_step
 from minidist.ddp import footprint as ddp_footprint
 from minidist.ddp.bucket import ReducerPolicy
 from minidist.footprint import ROLES, Held, OptimizerModel
+from minidist.fsdp import footprint as fsdp_footprint
+from minidist.zero import footprint as zero_footprint
 
 OPTIMIZERS = ("adamw", "sgd")
-STAGE = {"single": 0, "ddp": 0, "no_shard": 0, "zero1": 1, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
+STAGE = {"single": 0, "ddp": 0, "no_shard": 0, "zero1": 1, "zero1_broadcast": 1, "zero2": 2, "shard_grad_op": 2,
+         "full_shard": 3, "hybrid_shard": 3}
 """What each strategy shards, as a ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters."""
 
 
@@ -69,19 +72,24 @@ class MemoryEstimate:
 def held(prof: StepProfile, strategy: str, world: int, *, device: str = "cpu", optimizer: str = "adamw",
          shard_size: int | None = None, backend: str = "gloo", bucket_cap_mb: float | None = None,
          gradient_as_bucket_view: bool = False, **fsdp) -> list[Held]:
-    """What `strategy`'s engine holds at each instant of a step (minidist.footprint)."""
+    """What `strategy`'s engine holds at each instant of a step: the engine's own held() (minidist.footprint).
+
+    fsdp: FSDP's settings (max_inflight_all_gathers, forward_prefetch, backward_prefetch)."""
     if strategy not in STAGE:
         raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STAGE)}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     opt = OptimizerModel(optimizer, device)
     policy = ReducerPolicy(bucket_cap_mb, False, gradient_as_bucket_view)
-    if strategy in footprints.FSDP_STRATEGIES:
-        return footprints.fsdp_held(prof.layout, strategy, world, shard_size=shard_size, optimizer=opt, backend=backend,
-                                    device_type=device, **fsdp)
-    if strategy == "zero1":
-        return footprints.zero1_held(prof.layout, world, policy=policy, device_type=device, optimizer=opt,
-                                     backend=backend)
+    if strategy in fsdp_footprint.STRATEGIES:
+        return fsdp_footprint.held(prof.layout, strategy, world, shard_size=shard_size, optimizer=opt, backend=backend,
+                                   device_type=device, **fsdp)
+    if strategy in ("zero1", "zero2"):
+        return zero_footprint.held(prof.layout, world, stage=int(strategy[-1]), policy=policy, device_type=device,
+                                   optimizer=opt)
+    if strategy == "zero1_broadcast":
+        return zero_footprint.held_broadcast(prof.layout, world, policy=policy, device_type=device, optimizer=opt,
+                                             backend=backend)
     return ddp_footprint.held(prof.layout, world, policy=policy, device_type=device, optimizer=opt, backend=backend,
                               reducer=strategy != "single")
 
@@ -100,7 +108,8 @@ def _find(table: dict[tuple, Held], phase: str, unit: int, stage: int) -> Held:
 
 
 def _total(h: Held, smp: Sample | None) -> dict[str, int]:
-    roles = dict.fromkeys(ROLES, 0) | {k: v for k, v in h.bytes.items()}
+    early = h.before_grads is not None and smp is not None and smp.backward and not smp.grads[h.at.unit or 0]
+    roles = dict.fromkeys(ROLES, 0) | dict(h.before_grads if early else h.bytes)
     if smp is not None:
         roles["activations"] += smp.activations
         roles["other"] += smp.other

@@ -4,9 +4,9 @@
 
 Per strategy, every rank, in this order:
 
-  build      the trainer's composition: minidist.train.parallelize (build_mesh, parallelize,
-             build_optimizer), the task's model and loss, BatchStream; the same seed, weights
-             and batches for every strategy
+  build      the trainer's composition: minidist.train.parallelize (build_layout, parallelize,
+             build_optimizer, trainer.precision's policy), the task's model and loss,
+             BatchStream; the same seed, weights and batches for every strategy
   warm-up    cfg.warmup_steps untimed steps: DDP rebuilds its buckets after the first, FSDP
              records its unit order, AdamW allocates its state
   measured   cfg.steps steps of minidist.train.trainer.train_step, inside comm.trace() (bytes,
@@ -35,14 +35,15 @@ import time
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from minidist import Topology, comm
 from minidist.compare import replay
 from minidist.compare.allocator import AllocatorPeak
 from minidist.compare.memory import MemoryLedger, roles_of
-from minidist.mesh import data_parallel_mesh, dp_rank, dp_size
+from minidist.mesh import Layout, data_parallel_mesh
 from minidist.train.data import BatchStream
-from minidist.train.parallelize import build_mesh, build_optimizer, optimizer_class, parallelize
+from minidist.train.parallelize import build_layout, build_optimizer, optimizer_class, parallelize, precision_policy
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task
 from minidist.train.trainer import Run, train_step
@@ -85,7 +86,7 @@ class Bench:
     def __init__(self, cfg, strategy_cfg, topo: Topology, train_ds, plain: bool = False):
         self.topo = topo
         self.cfg = OmegaConf.merge(cfg, {"trainer": {"log_interval": 2**31 - 1}})  # the trainer traces nothing itself
-        self.mesh = data_parallel_mesh(topo) if plain else build_mesh(strategy_cfg, topo)
+        self.layout = Layout(data_parallel_mesh(topo)) if plain else build_layout(strategy_cfg, topo)
         torch.manual_seed(cfg.trainer.seed)
         task = make_task(cfg.model)
         model, self.blocks = task.build()
@@ -94,12 +95,16 @@ class Bench:
             cls, kwargs = optimizer_class(cfg.optim)
             self.model, self.optimizer = model, cls(model.parameters(), **kwargs)
         else:
-            self.model = parallelize(model, self.mesh, strategy_cfg, self.blocks)
-            self.optimizer = build_optimizer(self.model, self.mesh, strategy_cfg, cfg.optim)
+            policy = precision_policy(cfg.trainer, strategy_cfg)
+            self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy)
+            self.optimizer = build_optimizer(self.model, self.layout, strategy_cfg, cfg.optim, policy)
         self.task = Phased(task)
-        stream = BatchStream(train_ds, cfg.trainer.batch_size, dp_rank(self.mesh), dp_size(self.mesh), cfg.trainer.seed)
-        self.run = Run(self.cfg, topo, self.mesh, None, None, self.task, self.model, self.optimizer, stream, None, None,
-                       None, {}, PreemptionWatch([], topo.device))
+        stream = BatchStream(train_ds, cfg.trainer.batch_size, self.layout.dp_rank, self.layout.dp_size,
+                             cfg.trainer.seed)
+        fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
+        scaler = ShardedGradScaler(topo.device.type) if fp16 else None
+        self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, stream, None,
+                       None, None, {}, PreemptionWatch([], topo.device), scaler)
         self.steps = 0
 
     def step(self) -> tuple[float, float]:
@@ -110,7 +115,11 @@ class Bench:
         return start, time.perf_counter()
 
     def bucket_numels(self) -> list[int]:
-        """DDP's buckets as the reducer built them (sizes only: nothing is allocated)."""
+        """The gradient buckets as the engine built them (sizes only: nothing is allocated): DDP's
+        reducer's, or ZeRO's (its flat partitions padded to N; the owner-broadcast variant's reducer)."""
+        engine = getattr(self.optimizer, "engine", None)
+        if engine is not None:
+            return engine.buffer_numels()
         reducer = getattr(self.model, "reducer", None)
         return [sum(b.numels) for b in reducer.buckets] if reducer is not None else []
 
@@ -142,7 +151,7 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float) -> 
     alone = replay.replay(last, tr.groups, topo.device, cfg.replay_repeats)
     raw = {"strategy": name, "rank": topo.rank, "world": topo.world_size, "backend": topo.backend,
            "device": topo.device.type,
-           "mesh": {"dims": list(bench.mesh.mesh_dim_names or ()), "shape": list(bench.mesh.mesh.shape)},
+           "mesh": {"dims": list(bench.layout.mesh_dim_names), "shape": list(bench.layout.mesh.mesh.shape)},
            "records": _records(tr, t0, name), "waits": [[a - t0, b - t0] for a, b, _ in tr.waits],
            "main_waits": [[a - t0, b - t0] for a, b, t in tr.waits if t == _MAIN],
            "steps": [[a - t0, b - t0] for a, b in steps], "phases": _phases(bench.task, steps, t0),

@@ -23,11 +23,12 @@ the bytes *are*. What a strategy changes is which tensors exist, so that is what
 
 At every change that raises the total, the live storages are classified, first match wins:
 
-    buffers      FSDP's unsharded parameters (`full`) and unsharded gradient flats in flight,
-                 DDP's gradient buckets, anything handed to a collective (ZeRO-1's broadcasts)
+    buffers      FSDP's unsharded parameters (`full`), gathers and reduce inputs in flight, DDP's
+                 and ZeRO's gradient buckets, anything handed to a collective (the owner-broadcast
+                 variant's broadcasts)
     parameters   storages of model.parameters() (FSDP: this rank's shards)
     gradients    .grad of any parameter (FSDP: sharded and unsharded) and FSDP's reduce output
-    optimizer    tensors in optimizer.state (ZeRO-1: this rank's share)
+    optimizer    tensors in optimizer.state (ZeRO: this rank's partitions), ZeRO's fp32 masters
     activations  saved for backward
     other        everything else alive: gradients of activations during backward, an
                  operator's scratch, the batch
@@ -209,23 +210,26 @@ class _Saved:
 
 
 def roles_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RoleSource:
-    """The tensors playing each role *now*, for a model as parallelize() returns it.
+    """The tensors playing each role *now*, for a model and optimizer as the trainer builds them.
 
-    Engine tensors come from the engine's own live() (minidist.footprint): DDP's flat buffers
-    only where they exist, FSDP's unsharded buffers and gradient flats. Reading them allocates
-    nothing (a DDP bucket's `flat` property would). "other" also names what comm's flight
-    recorder keeps alive: the values of finished async collectives it has not yet let go.
+    Engine tensors come from each engine's own live() (minidist.footprint): DDP's flat buffers
+    only where they exist, FSDP's unsharded buffers, gathers and reductions in flight, ZeRO's
+    flat parameters, gradient buffers and partitions. Reading them allocates nothing (a DDP
+    bucket's `flat` property would). "other" also names what comm's flight recorder keeps
+    alive: the values of finished async collectives it has not yet let go.
     """
-    from minidist.compare import footprints
     from minidist.ddp import footprint as ddp_footprint
+    from minidist.fsdp import footprint as fsdp_footprint
+    from minidist.zero import footprint as zero_footprint
 
     def roles() -> dict[str, list[torch.Tensor]]:
         params = list(model.parameters())
-        out = {"parameters": params, "gradients": [p.grad for p in params], "buffers": [], "other": []}
-        live = footprints.fsdp_live(model) if hasattr(model, "units") else ddp_footprint.live(model)
-        for role, tensors in live.items():
-            out[role] = out.get(role, []) + tensors
-        out["optimizer"] = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        out = {"parameters": params, "gradients": [p.grad for p in params], "buffers": [], "optimizer": [],
+               "other": []}
+        for live in (ddp_footprint.live(model), fsdp_footprint.live(model), zero_footprint.live(optimizer)):
+            for role, tensors in live.items():
+                out[role] += tensors
+        out["optimizer"] += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         out["other"] += _flight_recorder_values()
         return {"buffers": out["buffers"], "parameters": out["parameters"], "gradients": out["gradients"],
                 "optimizer": out["optimizer"], "other": out["other"]}

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from minidist.compare.analytic import param_rows
 from minidist.compare.memory import MemoryLedger
 from minidist.footprint import ModelLayout
 
@@ -100,7 +101,8 @@ def model_layout(model: nn.Module, units) -> ModelLayout:
     return ModelLayout(unit_param_numels=tuple(tuple(i.param.numel() for i in infos) for _, _, infos in units),
                        param_numels=tuple(p.numel() for p in params),
                        param_units=tuple(unit_of.get(id(p), 0) for p in params),
-                       itemsize=params[0].element_size())
+                       itemsize=params[0].element_size(),
+                       unit_param_rows=tuple(tuple(param_rows(i.param.shape) for i in infos) for _, _, infos in units))
 
 
 def _nbytes(t: torch.Tensor | None) -> int:

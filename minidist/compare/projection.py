@@ -26,8 +26,8 @@ on the spot (gloo over loopback TCP on a few CPU cores), extrapolated; its compu
 measured plain step. Other clusters are alpha-beta numbers from their config, not measurements.
 
 Verdict, per strategy: the calls issued in forward can hide behind forward compute, those of
-backward behind backward compute, those after backward (ZeRO-1's parameter exchange, the clip)
-behind nothing (nothing overlaps them with the next forward). exposed >= max(0, comm_fwd - fwd)
+backward behind backward compute, those after backward (ZeRO's parameter exchange at its default,
+overlap_param_gather off; the clip) behind nothing (nothing overlaps them with the next forward). exposed >= max(0, comm_fwd - fwd)
 + max(0, comm_bwd - bwd) + comm_after; the strategy "hides" where that bound is within 1% of the
 step's compute (HIDES; a clip's one-scalar all_reduce costs latency only). Necessary, not
 sufficient: the first gather and the last reduction always show. Memory: the per-rank

@@ -11,6 +11,7 @@ timeline.png, projection.csv and projection.png.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import textwrap
 import time
@@ -110,7 +111,7 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     print("\n\n".join([wrap(header.splitlines()[0].lstrip("# ")), wrap(header.splitlines()[-1]),
                        rep.terminal(rows, ddp_bytes),
                        wrap("projection: per call NCCL's ring or tree; exposed >= what compute cannot hide (forward "
-                            "calls behind forward, backward calls behind backward, ZeRO-1's exchange behind nothing):")
+                            "calls behind forward, backward calls behind backward, ZeRO's parameter exchange behind nothing):")
                        + "\n" + "\n".join(projection.verdicts(proj_rows, devices)),
                        wrap(f"outputs in {run_dir}: " + ", ".join(f.name for f in files))]), flush=True)
     return {"rows": rows, "run_dir": str(run_dir), "projection": proj_rows}
@@ -122,7 +123,7 @@ def _projection(cfg, rows: list[dict], per_strategy, prof: StepProfile, layout: 
     phases = rows[0]["time"]["baseline_phases"]
     ddp_raw = next((raws[0] for raws in per_strategy if raws[0]["strategy"] == "ddp"), None)
     buckets = tuple(ddp_raw["bucket_numels"]) if ddp_raw else layout.bucket_numels
-    here = Layout(layout.param_numels, layout.unit_numels, buckets, layout.itemsize)
+    here = dataclasses.replace(layout, bucket_numels=buckets)
     names = list(cfg.strategies)
     hybrid = next((raws[0]["mesh"]["shape"][-1] for raws in per_strategy if raws[0]["strategy"] == "hybrid_shard"), None)
     measured = projection.Subject(f"{layout.psi / 1e6:.1f}M (this machine)", {s: here for s in names},
@@ -189,7 +190,8 @@ def _paper_table(cfg) -> str:
              f"{'mixed precision' if e.precision == 'mixed' else 'fp32'} (p = {p}, g = {g}, K = {k} bytes per "
              f"parameter); ZeRO's formulas, no activations",
              f"{'strategy':<14}{'formula':>26}" + "".join(f"{'N=' + str(n):>10}" for n in e.worlds)]
-    formulas = {"ddp": "(p+g+K) psi", "zero1": "(p+g) psi + K psi/N", "shard_grad_op": "p psi + (g+K) psi/N",
+    formulas = {"ddp": "(p+g+K) psi", "zero1": "(p+g) psi + K psi/N", "zero1_broadcast": "(p+g) psi + K psi/N",
+                "zero2": "p psi + (g+K) psi/N", "shard_grad_op": "p psi + (g+K) psi/N",
                 "full_shard": "(p+g+K) psi/N", "hybrid_shard": "(p+g+K) psi/G", "no_shard": "(p+g+K) psi"}
     for name in cfg.strategies:
         so = cfg.strategy_options[name]

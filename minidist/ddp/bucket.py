@@ -176,8 +176,11 @@ class Bucket:
     the same as torch's.
     """
 
-    def __init__(self, index: int, params: list[nn.Parameter], param_ids: list[int], is_last: bool):
+    def __init__(self, index: int, params: list[nn.Parameter], param_ids: list[int], is_last: bool,
+                 dtype: torch.dtype | None = None):
         self._index = index
+        self.dtype = dtype or params[0].dtype
+        """The flat buffer's dtype: the parameters' own, or a mixed-precision reduce_dtype."""
         self.params = params
         self.param_ids = param_ids
         """Position of each parameter in the reducer's parameter list."""
@@ -200,7 +203,7 @@ class Bucket:
     def flat(self) -> torch.Tensor:
         if self._flat is None:
             p0 = self.params[0]
-            self._flat = torch.zeros(sum(self.numels), dtype=p0.dtype, device=p0.device)
+            self._flat = torch.zeros(sum(self.numels), dtype=self.dtype, device=p0.device)
             self._views = [self._flat[o:o + n].view_as(p)
                            for o, n, p in zip(self.offsets, self.numels, self.params)]
         return self._flat

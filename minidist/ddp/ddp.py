@@ -32,9 +32,14 @@ from minidist import comm
 from minidist.ddp.bucket import ReducerPolicy
 from minidist.ddp.comm_hooks import CommHook, default_state
 from minidist.ddp.join import Agreement, Join
+from minidist.ddp.mixed_precision import MixedPrecisionParams
 from minidist.ddp.reducer import Reducer
 from minidist.mesh import group_of
+from minidist.precision import MixedPrecisionPolicy, cast_floating
 from minidist.verify import verify_same_model
+
+REDUCED_MARK = "_minidist_ddp_reduced"
+"""Set on the parameters DDP reduces (minidist.zero.ShardedOptimizer refuses them: it reduces its own)."""
 
 
 class DDP(nn.Module):
@@ -51,12 +56,16 @@ class DDP(nn.Module):
     the first included (as torch). ``find_unused_parameters=True`` tolerates
     parameters without a gradient at the price of one all_reduce of a 4-byte-per-
     parameter bitmap per synced backward (no graph walk; see reducer.py).
+    ``mixed_precision`` (minidist.precision.MixedPrecisionPolicy, torch DDP's argument
+    name): forward and backward in param_dtype on copies of the fp32 parameters, gradients
+    all_reduced in reduce_dtype (fp16: divided before and after the sum), fp32 gradients
+    for the optimizer (mixed_precision.py).
     """
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
                  device_mesh: DeviceMesh | None = None, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  gradient_as_bucket_view: bool = False, broadcast_buffers: bool = True,
-                 comm_hook: CommHook | None = None):
+                 comm_hook: CommHook | None = None, mixed_precision: MixedPrecisionPolicy | None = None):
         super().__init__()
         self.module = module
         self.process_group = process_group = group_of("DDP", process_group, device_mesh)
@@ -70,10 +79,21 @@ class DDP(nn.Module):
         verify_same_model(named, module.named_buffers(), process_group, "DDP")
         self._broadcast([p.detach() for _, p in named] + self._buffers_to_sync)
         trainable = [(n, p) for n, p in named if p.requires_grad]  # frozen ones are simply left out
+        for _, p in trainable:
+            setattr(p, REDUCED_MARK, True)  # a ShardedOptimizer over them would reduce them a second time
         if not trainable:
             raise ValueError("DDP: the module has no parameter that requires grad; there is nothing to reduce")
         policy = ReducerPolicy(bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view)
-        self.reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], policy, process_group)
+        self.mixed = None
+        """fp32 masters and their param_dtype copies (mixed_precision.py), when mixed_precision has a param_dtype."""
+        if mixed_precision is not None and (mixed_precision.param_dtype or mixed_precision.reduce_dtype):
+            if gradient_as_bucket_view:
+                raise ValueError("DDP: gradient_as_bucket_view needs gradients in the parameters' dtype; "
+                                 "it cannot be combined with mixed_precision")
+            self.mixed = MixedPrecisionParams([p for _, p in trainable], MixedPrecisionPolicy(
+                mixed_precision.param_dtype or trainable[0][1].dtype, mixed_precision.reduce_dtype))
+        self.reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], policy, process_group,
+                               self.mixed)
         if comm_hook is not None:
             self.register_comm_hook(default_state(comm_hook, process_group), comm_hook)
 
@@ -130,7 +150,14 @@ class DDP(nn.Module):
             a = self._join.notify(grad_enabled=grad_enabled, require_backward_grad_sync=self.require_backward_grad_sync)
             self._before_forward(grad_enabled, self.require_backward_grad_sync, source=a.source,
                                  divisor=self._join.divisor(a))
-        return self.module(*args, **kwargs)
+        if self.mixed is None:
+            return self.module(*args, **kwargs)
+        self.mixed.use_copies()
+        dtype = self.mixed.param_dtype
+        out = self.module(*cast_floating(args, dtype), **cast_floating(kwargs, dtype))
+        if not grad_enabled:
+            self.mixed.use_masters()  # no backward follows to do it
+        return out
 
     def _before_forward(self, grad_enabled: bool, require_backward_grad_sync: bool, *, source: int = 0,
                         divisor: int | None = None) -> None:

@@ -69,18 +69,31 @@ def buckets(layout: ModelLayout, policy: ReducerPolicy, device_type: str,
     specs = [_Spec(layout.param_numels[i], layout.itemsize, device_type) for i in order]
     out = []
     for members in assign_buckets(specs, policy.bucket_cap_bytes, policy.first_bucket_bytes, policy.last_bucket_bytes):
-        bucket = SimpleNamespace(params=[specs[k] for k in members])
+        bucket = SimpleNamespace(params=[specs[k] for k in members], dtype=specs[members[0]].dtype)
         out.append(([order[k] for k in members], reduction.reduces_in_place(hook, policy, bucket)))
     return out
 
 
+def backward_position(layout: ModelLayout, i: int) -> int:
+    """When parameter i's gradient is ready, as a position that falls while backward runs: a root
+    parameter registered after every block's (the final norm, the head) comes first (layout.units),
+    block u's at u, a root parameter registered before them (the embedding) last (0)."""
+    last_block = max((j for j, u in enumerate(layout.param_units) if u), default=-1)
+    u = layout.param_units[i]
+    return layout.units if u == 0 and i > last_block else u
+
+
+def position_of(layout: ModelLayout, unit: int, stage: int) -> int:
+    """The backward position (backward_position) of the instant At("backward", unit, stage)."""
+    if unit:
+        return unit
+    return layout.units if stage == 0 else 0
+
+
 def _fills_in(layout: ModelLayout, ids: list[int]) -> int:
     """The unit during whose backward a bucket fills; 0: at the very end (a root parameter whose
-    gradient comes last, as the embedding's). Backward reaches the root's parameters registered
-    after every block's (the final norm, the head) first, those registered before them last."""
-    last_block = max((i for i, u in enumerate(layout.param_units) if u), default=-1)
-    at = [layout.units if u == 0 and i > last_block else u for i, u in ((i, layout.param_units[i]) for i in ids)]
-    return min(at)
+    gradient comes last, as the embedding's)."""
+    return min(backward_position(layout, i) for i in ids)
 
 
 def held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",

@@ -55,6 +55,7 @@ from minidist import comm
 from minidist.ddp import reduction
 from minidist.ddp.bucket import Bucket, BucketState, ReducerPolicy, assign_buckets
 from minidist.ddp.comm_hooks import CommHook
+from minidist.ddp.mixed_precision import MixedPrecisionParams
 from minidist.ddp.ready_order import ReadyOrder
 
 
@@ -68,13 +69,16 @@ class Reducer:
     """Owns the buckets, the per-parameter hooks and the end-of-backward wait."""
 
     def __init__(self, params: list[nn.Parameter], names: list[str], policy: ReducerPolicy,
-                 process_group: dist.ProcessGroup | None = None):
+                 process_group: dist.ProcessGroup | None = None, mixed: MixedPrecisionParams | None = None):
         assert len(params) == len(set(map(id, params))), "parameters must be unique (tied weights once)"
         self.params = params
         self.names = names
         self.policy = policy
         self.group = process_group
         self.world_size = dist.get_world_size(process_group)
+        self.mixed = mixed
+        """Mixed precision (mixed_precision.py): buckets in reduce_dtype, fp32 gradients written back."""
+        self.reduce_dtype = mixed.policy.reduce_dtype_for(params[0].dtype) if mixed else params[0].dtype
         self.comm_hook: CommHook = reduction.allreduce_presummed
         self.hook_state: Any = process_group
         self._hook_registered = False
@@ -95,8 +99,13 @@ class Reducer:
         self._order = ReadyOrder(len(params))
         self._build(list(reversed(range(len(params)))))
         ref = weakref.ref(self)  # hooks must not keep a discarded DDP alive
-        for i, p in enumerate(params):
-            p.register_post_accumulate_grad_hook(_make_hook(ref, i))
+        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(params)]
+
+    def remove_hooks(self) -> None:
+        """Unhook every parameter (an engine that rebuilds its reducer over more parameters)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
     # ---------------------------------------------------------------- layout
     def _build(self, order: list[int]) -> None:
@@ -107,7 +116,8 @@ class Reducer:
         self._slot = [(-1, -1)] * len(self.params)
         for b, members in enumerate(groups):
             ids = [order[k] for k in members]
-            self.buckets.append(Bucket(b, [self.params[i] for i in ids], ids, is_last=b == len(groups) - 1))
+            self.buckets.append(Bucket(b, [self.params[i] for i in ids], ids, is_last=b == len(groups) - 1,
+                                       dtype=self.reduce_dtype if self.mixed else None))
             for j, i in enumerate(ids):
                 self._slot[i] = (b, j)
         self._choose_in_place()
@@ -132,7 +142,7 @@ class Reducer:
 
     def _choose_in_place(self) -> None:
         for bucket in self.buckets:
-            bucket.in_place = reduction.reduces_in_place(self.comm_hook, self.policy, bucket)
+            bucket.in_place = reduction.reduces_in_place(self.comm_hook, self.policy, bucket, self._postscale)
 
     def bucket_param_names(self) -> list[list[str]]:
         return [[self.names[i] for i in b.param_ids] for b in self.buckets]
@@ -203,6 +213,8 @@ class Reducer:
             for i in missing:
                 self._mark_ready(i)  # its local grad (accumulated under no_sync) or zeros
             globally_used = self._globally_used() if self.policy.find_unused_parameters else None
+            if self.mixed is not None:
+                self.mixed.use_masters()  # p is fp32 again: its gradient will be too
             for bucket in self.buckets:
                 bucket.finish()
                 if not write_grads:
@@ -212,8 +224,11 @@ class Reducer:
                 results = bucket.grads if bucket.in_place else bucket.views
                 for i, result in zip(bucket.param_ids, results):
                     if globally_used is None or globally_used[i]:  # unused by every rank: p.grad stays
-                        reduction.write_back(self.params[i], result, bucket.in_place,  # as it is, as in
-                                             self.policy.gradient_as_bucket_view)  # one process
+                        if self.mixed is not None:  # as it is, as in one process
+                            self.mixed.master_grad(self.params[i], result)
+                        else:
+                            reduction.write_back(self.params[i], result, bucket.in_place,
+                                                 self.policy.gradient_as_bucket_view)
             for bucket in self.buckets:
                 bucket.reset()
             self._order.backward_done()
@@ -277,7 +292,7 @@ class Reducer:
 
     def _set_divisor(self, d: int) -> None:
         """The coming average divides by d: pre-divide for the default hook, else rescale if d != N."""
-        self._prescale, self._postscale = reduction.scales(self.comm_hook, self.world_size, d)
+        self._prescale, self._postscale = reduction.scales(self.comm_hook, self.world_size, d, self.reduce_dtype)
 
 
 def _make_hook(ref: weakref.ref, i: int):

@@ -51,6 +51,7 @@ import torch.nn as nn
 
 from minidist import comm
 from minidist.ddp.bucket import Bucket, ReducerPolicy
+from minidist.precision import divide_factors
 
 IN_PLACE_MAX_BYTES = 32 * 2**20
 """A bucket whose packed part (the gradients not reduced alone) is larger travels through the
@@ -94,19 +95,27 @@ def takes_divided_input(hook) -> bool:
     return getattr(hook, DIVIDED_INPUT, False)
 
 
-def reduces_in_place(hook, policy: ReducerPolicy, bucket: Bucket) -> bool:
+def reduces_in_place(hook, policy: ReducerPolicy, bucket: Bucket, postscale: float | None = None) -> bool:
+    """In place only where nothing follows the sum (no postscale) and p.grad has the bucket's dtype."""
     packed = sum(p.numel() * p.element_size() for p in bucket.params if not _reduced_alone(p))
-    return (takes_divided_input(hook) and not policy.gradient_as_bucket_view
+    return (takes_divided_input(hook) and not policy.gradient_as_bucket_view and postscale is None
+            and bucket.dtype == bucket.params[0].dtype
             and bucket.params[0].device.type == "cpu" and packed < IN_PLACE_MAX_BYTES)
 
 
-def scales(hook, world_size: int, divisor: int) -> tuple[float | None, float | None]:
+def scales(hook, world_size: int, divisor: int, reduce_dtype: torch.dtype | None = None
+           ) -> tuple[float | None, float | None]:
     """(prescale, postscale) for an average over `divisor` ranks (N, or under join those with inputs).
 
     prescale multiplies each gradient on its way in (hooks with divided input);
-    postscale, N / divisor, multiplies a plain hook's average when divisor != N.
+    postscale, N / divisor, multiplies a plain hook's average when divisor != N. An fp16
+    sum divides about sqrt(divisor) before and the rest after (minidist.precision.divide_factors):
+    summed whole it could overflow, divided by N first it could underflow.
     """
     if takes_divided_input(hook):
+        if reduce_dtype == torch.float16:
+            pre, post = divide_factors(divisor, torch.float16)
+            return 1.0 / pre, (1.0 / post if post != 1.0 else None)
         return 1.0 / divisor, None
     return None, (world_size / divisor if divisor != world_size else None)
 

@@ -1,22 +1,30 @@
-"""minidist.fsdp: fully sharded data parallelism on all_gather / reduce_scatter.
+"""minidist.fsdp: fully sharded data parallelism on all_gather / reduce_scatter, FSDP2's per-parameter layout.
 
 Read in this order, each module importing only those before it:
 
-    param        a unit's flat buffer, its shard, and the two parameter sets
-    collectives  the all_gather, and the gradient reduction (reduce_scatter, replica
-                 all_reduce, divide) as one GradReduction object; MeshInfo
-    schedule     shared, passive data: unit order, prefetch queue, sync flag
-    unit         one unit's lifecycle: its sharded and training states, the forward
-                 and backward hooks, activation-checkpointing recompute, end of backward
-    state_dict   checkpoints, through the public API below
-    api          the FSDP module: units, strategies, no_sync, clipping, state dicts
+    layout          where every piece lives: MeshInfo (groups, by mesh dimension name),
+                    ShardSpec (one parameter's rows, placements, devices), CPUOffloadPolicy
+    param           a unit's parameters, each sharded on its own along dim 0; the unit's
+                    `local` and `full` buffers; copy-in and copy-out
+    streams         where collectives run: CUDA side streams and events, or gloo's threads
+    all_gather      one unit's copy-in, all_gather, copy-out
+    reduce_scatter  one unit's gradient reduction (copy-in, pre-divide, reduce_scatter,
+                    replica all_reduce, post-divide) as one GradReduction object
+    schedule        shared, passive data: unit order, prefetch queue, sync flag
+    unit            one unit's lifecycle: its sharded and training states, the forward
+                    and backward hooks, activation-checkpointing recompute, end of backward
+    state_dict      checkpoints (format 2: rows per parameter; format 1 still loads)
+    api             the FSDP module: units, strategies, no_sync, clipping, state dicts
 """
 
+from minidist.fsdp.all_gather import AllGather
 from minidist.fsdp.api import FSDP, MixedPrecisionPolicy, ShardingStrategy
-from minidist.fsdp.collectives import GradReduction, MeshInfo
-from minidist.fsdp.param import FlatParamShard
+from minidist.fsdp.layout import CPUOffloadPolicy, MeshInfo, ShardSpec
+from minidist.fsdp.param import FSDPParam, UnitShards
+from minidist.fsdp.reduce_scatter import GradReduction
 from minidist.fsdp.schedule import Schedule
 from minidist.fsdp.unit import FSDPUnit, ShardedState, TrainingState
 
-__all__ = ["FSDP", "MixedPrecisionPolicy", "ShardingStrategy", "FlatParamShard", "GradReduction", "MeshInfo",
-           "ShardedState", "Schedule", "FSDPUnit", "TrainingState"]
+__all__ = ["FSDP", "MixedPrecisionPolicy", "ShardingStrategy", "CPUOffloadPolicy", "ShardSpec", "FSDPParam",
+           "UnitShards", "AllGather", "GradReduction", "MeshInfo", "ShardedState", "Schedule", "FSDPUnit",
+           "TrainingState"]

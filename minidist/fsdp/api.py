@@ -1,13 +1,18 @@
-"""The public FSDP module: choose units, build their flat shards, pick a strategy.
+"""The public FSDP module: choose units, shard their parameters, pick a strategy.
 
     model = FSDP(GPT(cfg), wrap={Block})
-    opt = torch.optim.AdamW(model.parameters())     # sees only this rank's shards
+    opt = torch.optim.AdamW(model.parameters())     # this rank's rows of every parameter
     loss = model(x, y)[1]; loss.backward(); opt.step()
 
-Strategies (N ranks, S bytes of parameters; bytes sent per rank per step, ring model):
+Every parameter is sharded on its own along dim 0 (FSDP2's layout, minidist.fsdp.layout):
+the optimizer sees, under the original names, rank r's rows of each parameter with its
+trailing dimensions, and each carries its ShardSpec (`p.shard_spec`). A unit is still
+gathered by one all_gather and reduced by one reduce_scatter (minidist.fsdp.param).
 
-    full_shard     ZeRO-3: params, grads, optimizer state sharded.     (3 S - S_root) (N-1)/N
-                   (the unit that ends forward, S_root, is not gathered again in backward)
+Strategies (N ranks, S bytes of the padded parameters; bytes sent per rank per step, ring model):
+
+    full_shard     ZeRO-3: params, grads, optimizer state sharded.     (3 S - S_last) (N-1)/N
+                   (the unit that ends forward, S_last, is not gathered again in backward)
     shard_grad_op  ZeRO-2: params stay gathered from forward to         2 S (N-1)/N
                    backward; grads and optimizer state sharded.
     no_shard       every rank holds everything; all_reduce (= DDP).     2 S (N-1)/N
@@ -15,9 +20,9 @@ Strategies (N ranks, S bytes of parameters; bytes sent per rank per step, ring m
                    reduce_scatter in the shard group, all_reduce of the shard across replicas.
 
 Persistent memory per rank for fp32 AdamW (psi parameters): params 4 psi, grads 4 psi,
-Adam moments 8 psi; sharded, (4 + 4 + 8) psi / N (full_shard), 4 psi + 12 psi / N
-(shard_grad_op keeps params whole only between forward and backward, so also 16 psi / N
-between steps).
+Adam moments 8 psi; sharded, (4 + 4 + 8) psi / N (full_shard; up to the padding rows: a rank
+holds ceil(R/N) rows of each parameter), 4 psi + 12 psi / N (shard_grad_op keeps params
+whole only between forward and backward, so also 16 psi / N between steps).
 """
 
 from __future__ import annotations
@@ -33,11 +38,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
 from minidist.fsdp import state_dict as _sd
-from minidist.fsdp.collectives import MeshInfo
-from minidist.fsdp.param import FlatParamShard, ParamInfo
+from minidist.fsdp.layout import CPUOffloadPolicy, resolve_mesh
+from minidist.fsdp.param import ParamInfo, UnitShards
 from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS, Schedule
+from minidist.fsdp.streams import Streams
 from minidist.fsdp.unit import FSDPUnit, UnitPolicy
-from minidist.mesh import group_of
 from minidist.precision import MixedPrecisionPolicy
 from minidist.verify import verify_same_model
 
@@ -104,46 +109,51 @@ def build_units(root: nn.Module, is_unit: Callable[[nn.Module], bool]
     return [(names[u], u, infos) for u, infos in by_unit.items()]
 
 
-def _mesh_info(strategy: ShardingStrategy, mesh: DeviceMesh | None, process_group) -> MeshInfo:
-    """Shard and replicate groups for a strategy, with this rank's place in each."""
-    def place(group) -> tuple[int, int]:  # (size, this rank's group rank)
-        return dist.get_world_size(group), dist.get_rank(group)
+def _compute_device(module: nn.Module, mesh: DeviceMesh | None, offload: CPUOffloadPolicy | None) -> torch.device:
+    """Where the unit computes: the module's device; under CPU offload of a CPU module, the mesh's GPU."""
+    first = next(module.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    if offload is not None and device.type == "cpu" and mesh is not None and mesh.device_type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
-    if strategy is ShardingStrategy.HYBRID_SHARD:
-        if mesh is None or mesh.ndim != 2:
-            raise ValueError("hybrid_shard needs a 2-D mesh (replicate, shard): "
-                             "mesh=minidist.mesh.hybrid_mesh(topo, shard=ranks_per_shard_group)")
-        rep, shard = mesh.get_group(0), mesh.get_group(1)
-        return MeshInfo(shard, *place(shard), rep, *place(rep))
-    if mesh is not None and mesh.ndim != 1:
-        raise ValueError(f"sharding_strategy={strategy.value!r} spans one mesh dimension, got a "
-                         f"{mesh.ndim}-D mesh; use sharding_strategy='hybrid_shard' or pass one dimension")
-    group = group_of("FSDP", process_group, mesh)
-    if strategy is ShardingStrategy.NO_SHARD:
-        return MeshInfo(None, 1, 0, group, *place(group))
-    return MeshInfo(group, *place(group), None, 1, 0)
+
+def _move_buffers(module: nn.Module, device: torch.device) -> None:
+    """Buffers (not sharded, not offloaded) live where the compute runs."""
+    for m in module.modules():
+        for name, b in m._buffers.items():
+            if b is not None and b.device != device:
+                m._buffers[name] = b.to(device)
 
 
 class FSDP(nn.Module):
     """Fully sharded data parallel wrapper. See the module docstring and minidist.fsdp.unit.
 
-    module: the model, already on its device (the shards are views of buffers built here).
-    mesh: a DeviceMesh (FSDP2's convention). 1-D: the ranks that shard the parameters
-        (that replicate them, for no_shard). 2-D ("replicate", "shard"): hybrid_shard, see
-        minidist.mesh.hybrid_mesh. process_group: a plain group instead of a 1-D mesh.
-        Neither = the world.
+    module: the model, already on its compute device (the shards are views of buffers built
+        here; under CPU offload it may stay on the CPU while the mesh is on the GPUs).
+    mesh: a DeviceMesh (FSDP2's convention), read by dimension name (minidist.mesh). 1-D:
+        the ranks that shard the parameters (that replicate them, for no_shard). With
+        dimensions REPLICATE and SHARD: hybrid_shard, see minidist.mesh.hybrid_mesh. Other
+        dimensions (tensor parallelism) are not FSDP's. process_group: a plain group instead
+        of a 1-D mesh. Neither = the world.
     wrap: module classes, or a predicate on a module, choosing the units; the parameters
         no unit claims form the root unit.
     forward_prefetch / backward_prefetch / max_inflight_all_gathers: how far ahead the next
         units' all_gathers are issued (see minidist.fsdp.schedule; one unit by default, as FSDP2).
-    param_dtype / reduce_dtype (or mp_policy): mixed precision, see MixedPrecisionPolicy.
+    param_dtype / reduce_dtype (or mp_policy): mixed precision, see MixedPrecisionPolicy;
+        gradients are reduced in reduce_dtype with fp16's pre/post division
+        (minidist.fsdp.reduce_scatter).
+    offload_policy: CPUOffloadPolicy() keeps shards, gradients and optimizer state in host
+        memory (FSDP2's option); the unit's all_gather input is copied to the compute device.
 
     Parameters keep their names under `.module` (fsdp.module.named_parameters() gives the
-    plain module's names); their values are this rank's 1-D shards, which the optimizer
-    updates. Wrap before building the optimizer; do not move the module afterwards.
+    plain module's names); their values are this rank's rows of each parameter (shape
+    (rows, *trailing dims), `p.shard_spec` says which), which the optimizer updates. Wrap
+    before building the optimizer; do not move the module afterwards.
 
-    Public layout: `units` (each unit's `flat` layout and states), `mesh_info` (groups and
-    this rank's place in them), `shard_group`. `require_backward_grad_sync` (torch DDP's
+    Public layout: `units` (each unit's `shards`: its FSDPParams and buffers, and its
+    states), `mesh_info` (groups, this rank's place in them, dimension names),
+    `shard_group`, `compute_device`, `streams`. `require_backward_grad_sync` (torch DDP's
     name) is False inside no_sync(). Activation checkpointing (non-reentrant
     torch.utils.checkpoint) may sit inside a unit, around a unit's call or around several
     units: see minidist.fsdp.unit.
@@ -154,7 +164,7 @@ class FSDP(nn.Module):
                  sharding_strategy: str | ShardingStrategy = "full_shard", forward_prefetch: bool = True,
                  backward_prefetch: bool = True, max_inflight_all_gathers: int = DEFAULT_MAX_INFLIGHT_ALL_GATHERS,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 mp_policy: MixedPrecisionPolicy | None = None):
+                 mp_policy: MixedPrecisionPolicy | None = None, offload_policy: CPUOffloadPolicy | None = None):
         super().__init__()
         self.module = module
         self.sharding_strategy = strategy = ShardingStrategy(
@@ -165,17 +175,22 @@ class FSDP(nn.Module):
         self.mp_policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
         if max_inflight_all_gathers < 0:
             raise ValueError(f"max_inflight_all_gathers must be >= 0, got {max_inflight_all_gathers}")
-        self.mesh_info = info = _mesh_info(strategy, mesh, process_group)
+        self.mesh_info = info = resolve_mesh(strategy is ShardingStrategy.HYBRID_SHARD,
+                                             strategy is not ShardingStrategy.NO_SHARD, mesh, process_group)
         for group, world in ((info.shard_group, info.shard_world), (info.replicate_group, info.replicate_world)):
             if world > 1:  # different models would shard into different sizes: gloo aborts, NCCL hangs
                 verify_same_model(module.named_parameters(), module.named_buffers(), group, "FSDP")
         policy = UnitPolicy(strategy is ShardingStrategy.FULL_SHARD or strategy is ShardingStrategy.HYBRID_SHARD,
                             reduce_dtype)
+        self.offload_policy = offload_policy
+        self.compute_device = device = _compute_device(module, mesh, offload_policy)
+        _move_buffers(module, device)
+        self.streams = Streams(device)
         self._schedule: Schedule[FSDPUnit] = Schedule(forward_prefetch, backward_prefetch, max_inflight_all_gathers)
         self._units: list[FSDPUnit] = []
         for name, m, infos in build_units(module, wrap_predicate(wrap)):
-            flat = FlatParamShard(infos, self.mesh_info.shard_rank, self.mesh_info.shard_world, param_dtype)
-            self._units.append(FSDPUnit(m, flat, self.mesh_info, policy, self._schedule, name))
+            shards = UnitShards(infos, info, device, param_dtype, offload_policy)
+            self._units.append(FSDPUnit(m, shards, info, policy, self._schedule, self.streams, name))
         self._schedule.units = self._units
 
     # -- forward --------------------------------------------------------------------------------
@@ -222,26 +237,31 @@ class FSDP(nn.Module):
         """Scale the sharded gradients so that the global gradient norm is at most max_norm.
 
         Each element of the model lives in exactly one shard of the shard group (padding
-        has no gradient), so a sum over the shard group's local sums counts every element
-        once; replicas (hybrid, no_shard) hold copies and are not summed again.
+        rows are not part of any sharded parameter), so a sum over the shard group's local
+        sums counts every element once; replicas (hybrid, no_shard) hold copies and are not
+        summed again. Under CPU offload the norm travels to the compute device for the
+        all_reduce (NCCL reduces device memory) and the scaling happens where the grads are.
         """
-        grads = [p.grad for u in self._units for p in u.flat.sharded_params if p.grad is not None]
+        grads = [fp.sharded.grad for u in self._units for fp in u.shards.params
+                 if fp.sharded.grad is not None and fp.sharded.grad.numel()]
         norm_type = float(norm_type)
-        dev = self._units[0].flat.device if self._units else torch.device("cpu")
+        storage = self._units[0].shards.storage_device if self._units else self.compute_device
+        norms = torch._foreach_norm(grads, norm_type) if grads else []
         if norm_type == float("inf"):
-            local = max((g.abs().max() for g in grads if g.numel()), default=torch.zeros((), device=dev))
-            total = local.float().clone()
+            total = torch.stack(norms).max().float() if norms else torch.zeros((), device=storage)
             op = comm.ReduceOp.MAX
         else:
-            total = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.zeros((), device=dev))
+            total = torch.stack(norms).float().pow(norm_type).sum() if norms else torch.zeros((), device=storage)
             op = comm.ReduceOp.SUM
         if self.mesh_info.shard_world > 1:
+            total = total.to(self.compute_device)
             comm.all_reduce(total, op, group=self.mesh_info.shard_group)
+            total = total.to(storage)
         if norm_type != float("inf"):
             total = total ** (1.0 / norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
+        if grads:
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
         return total
 
     # -- state dicts (minidist.fsdp.state_dict) -------------------------------------------------
@@ -262,7 +282,7 @@ class FSDP(nn.Module):
     # -- introspection --------------------------------------------------------------------------
     @property
     def units(self) -> list[FSDPUnit]:
-        """Every unit, module order, root first (each: .module, .flat, .sharded_state, .training_state)."""
+        """Every unit, module order, root first (each: .module, .shards, .sharded_state, .training_state)."""
         return list(self._units)
 
     @property

@@ -1,34 +1,39 @@
-"""The flat parameter of one FSDP unit: layout, the rank's shard, the unsharded buffer.
+"""A unit's parameters, each sharded on its own along dim 0, and the unit's two buffers.
 
-A unit's parameters are laid end to end in one flat buffer of `padded` elements,
-padded with zeros up to a multiple of the shard-group size N so that it splits
-into N equal shards of `shard_size = padded / N` (an all_gather and a
-reduce_scatter both need equal pieces):
+Each parameter is split by rows as minidist.fsdp.layout describes (c = ceil(R / N) rows per
+rank, zero-padded). For one unit of parameters p0, p1, ... (S_local = the sum of their padded
+shards' elements, c C each) a rank keeps:
 
-    flat (padded)   [ p0 ........ | p1 ...... | p2 ... | pad ]
-    rank r owns     flat[r * shard_size : (r + 1) * shard_size]
+    local  (S_local,)     master dtype, storage device: this rank's padded shards end to end
+                          [ p0: c0 C0 | p1: c1 C1 | ... ]. The sharded parameters (what the
+                          optimizer updates) are views of their real rows. It is the all_gather's
+                          send buffer as it stands when compute dtype and device are the storage's;
+                          otherwise the copy-in is one cast (and host-to-device copy) of it.
+    full   (N S_local,)   param_dtype, compute device, parameter-major: p0's N c0 rows, then
+                          p1's, ... The unsharded parameters (original shapes) are views of the
+                          first R rows of each region. Its storage exists only while unsharded.
 
-Persistent state (what the optimizer sees) is the rank's shard: `local_shard`,
-an fp32 1-D tensor of shard_size elements. Each original parameter is replaced
-by a *sharded parameter*: an nn.Parameter that is a 1-D view into local_shard
-holding the part of that parameter that falls into this rank's range (possibly
-empty). The optimizer updates these views in place, so local_shard is always
-the up-to-date input of the next all_gather: no copy-in.
+The all_gather output is rank-major: [rank 0's local | rank 1's local | ...]. Copy-out
+rearranges it into `full` with one torch.split_with_sizes_copy (the output viewed (N, S_local),
+split along dim 1 into each parameter's (N, c C) block, as FSDP2's foreach_all_gather_copy_out).
+The reduce_scatter input is rank-major too: torch._chunk_cat cuts each gradient into N chunks
+of c rows (zero-padded) and lays chunk r of every gradient into row r (FSDP2's
+foreach_reduce_scatter_copy_in), so the reduce_scatter hands rank r exactly its rows.
 
-For compute, the module attributes are swapped to *unsharded parameters*:
-nn.Parameters with the original shapes, each a view into `full`, the
-padded-length buffer the all_gather fills. `full` and its views live for the
-whole training run; only their storage is allocated (resize) before an
-all_gather and freed (resize to 0) after use, so views saved by autograd stay
-valid across a free/re-gather. The unsharded parameters are created with
-Tensor.set_ on the storage rather than as views of `full`, so they have their
-own version counter: the all_gather that refills the storage is not an
-"in-place modification" of tensors autograd saved for backward.
+Against FSDP1's flat parameter (one buffer of the unit's parameters end to end, cut into N
+equal pieces, minidist before this layout): the all_gather landed straight in the compute
+layout (no copy-out) and padding was at most N - 1 elements per unit; but the optimizer saw
+1-D pieces cut at arbitrary offsets (a parameter split across ranks, or absent from one).
+Here every piece is a dim-0 slice with its trailing dimensions, at the price of one copy-out
+of S_unit per all_gather and up to N - 1 padding rows per parameter.
 
-This class is layout and buffers only. Which of the two parameter sets is
-installed, and whether `full` is being gathered, is the unit's state
-(minidist.fsdp.unit.ShardedState): the unit calls alloc_full / install_unsharded /
-install_sharded / free_full in the order its state machine allows.
+The unsharded parameters are created with Tensor.set_ on full's storage rather than as views
+of `full`, so they have their own version counter: refilling the storage (copy-out) is not an
+"in-place modification" of tensors autograd saved. Their storage is resized to 0 and back,
+never replaced, so views saved by autograd stay valid across a free and a re-gather.
+
+Layout and buffers only: which parameters the module holds and when `full` is allocated is
+the unit's state machine (minidist.fsdp.unit).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from minidist.fsdp.layout import CPUOffloadPolicy, MeshInfo, ShardSpec, placements_for
+
 
 @dataclass
 class ParamInfo:
@@ -46,64 +53,84 @@ class ParamInfo:
     fqns: list[str]
     """Names in the plain module, first = canonical (e.g. ["wte.weight", "lm_head.weight"])."""
     holders: list[tuple[nn.Module, str]]
-    param: nn.Parameter
+    param: nn.Parameter | None
+    """The original parameter, until FSDP has copied its rows (then None)."""
 
 
-class FlatParamShard:
-    """Layout and buffers of one unit's flat parameter on one rank."""
+def free_storage(tensor: torch.Tensor) -> None:
+    """Release a buffer's memory now, whoever still holds the tensor object (FSDP2's free_storage).
 
-    def __init__(self, infos: list[ParamInfo], shard_rank: int, shard_world: int,
-                 param_dtype: torch.dtype | None = None):
-        self.infos = infos
-        self.shard_rank, self.shard_world = shard_rank, shard_world
-        params = [i.param for i in infos]
-        dtypes = {p.dtype for p in params}
+    For buffers whose collective is complete: a Work handle or future kept elsewhere (the flight
+    recorder keeps finished collectives' futures until it next looks) would otherwise keep S_unit
+    bytes alive past their last use, by a margin that depends on timing.
+    """
+    if tensor.untyped_storage().nbytes():
+        tensor.untyped_storage().resize_(0)
+
+
+class FSDPParam:
+    """One parameter: its spec, its sharded parameter (rows of `local`) and its unsharded one (a region of `full`).
+
+    The original parameter is not kept: once its rows are copied into `local`, nothing holds
+    the full tensor, and its memory goes (on a GPU, FSDP would otherwise cost the whole model).
+    """
+
+    def __init__(self, info: ParamInfo, spec: ShardSpec, padded_shard: torch.Tensor, full: torch.Tensor,
+                 full_offset: int):
+        self.fqns, self.holders, self.spec = info.fqns, info.holders, spec
+        self.padded_shard = padded_shard  # (c C,) view of `local`; rows past the real ones stay zero
+        self.local_numel = spec.local_shape.numel()
+        start, end = spec.row_range()
+        requires_grad = info.param.requires_grad
+        if self.local_numel:
+            with torch.no_grad():
+                rows = info.param.detach().reshape(spec.rows, spec.row_numel)
+                padded_shard[:self.local_numel].copy_(rows[start:end].reshape(-1))
+        self.sharded = nn.Parameter(padded_shard[:self.local_numel].view(spec.local_shape), requires_grad=requires_grad)
+        self.sharded.shard_spec = spec
+        unsharded = torch.empty(0, dtype=full.dtype, device=full.device)
+        unsharded.set_(full.untyped_storage(), full_offset, spec.global_shape)
+        self.unsharded = nn.Parameter(unsharded, requires_grad=requires_grad)
+
+    def __repr__(self) -> str:
+        return f"FSDPParam({self.spec.fqn}, {tuple(self.spec.global_shape)} -> {tuple(self.spec.local_shape)})"
+
+
+class UnitShards:
+    """Layout and buffers of one unit's parameters on one rank."""
+
+    def __init__(self, infos: list[ParamInfo], mesh: MeshInfo, compute_device: torch.device,
+                 param_dtype: torch.dtype | None = None, offload: CPUOffloadPolicy | None = None):
+        dtypes = {i.param.dtype for i in infos}
         if len(dtypes) > 1:
-            raise ValueError(f"an FSDP unit needs one parameter dtype, got {sorted(map(str, dtypes))}; "
-                             f"cast the module (e.g. module.float()) before wrapping")
-        self.dtype = params[0].dtype if params else torch.float32
-        self.device = params[0].device if params else torch.device("cpu")
+            raise ValueError(f"an FSDP unit needs one parameter dtype, got {sorted(map(str, dtypes))} in "
+                             f"{[i.fqns[0] for i in infos]}; cast the module (e.g. module.float()) before wrapping")
+        self.dtype = infos[0].param.dtype if infos else torch.float32
         self.param_dtype = param_dtype or self.dtype
-        # Layout: offsets into the flat buffer; shard ranges clipped to each parameter.
-        self.shapes = [p.shape for p in params]
-        self.numels = [p.numel() for p in params]
-        self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
-        self.total = sum(self.numels)
-        self.padded = -(-self.total // shard_world) * shard_world
-        self.shard_size = self.padded // shard_world
-        lo, hi = shard_rank * self.shard_size, (shard_rank + 1) * self.shard_size
-        # (start, end) of each parameter's piece inside local_shard and inside the parameter.
-        self.shard_ranges: list[tuple[int, int]] = []
-        self.param_ranges: list[tuple[int, int]] = []
-        for off, n in zip(self.offsets, self.numels):
-            a, b = max(off, lo), min(off + n, hi)
-            b = max(a, b)
-            self.shard_ranges.append((a - lo, b - lo))
-            self.param_ranges.append((a - off, b - off))
-        self.requires_grad = [p.requires_grad for p in params]
-
-        # local_shard: (shard_size,) in the original dtype; padding stays zero.
-        self.local_shard = torch.zeros(self.shard_size, dtype=self.dtype, device=self.device)
-        self.sharded_params: list[nn.Parameter] = []
-        with torch.no_grad():
-            for p, (a, b), (pa, pb), rg in zip(params, self.shard_ranges, self.param_ranges, self.requires_grad):
-                self.local_shard[a:b].copy_(p.detach().reshape(-1)[pa:pb])
-                self.sharded_params.append(nn.Parameter(self.local_shard[a:b], requires_grad=rg))
-
-        # full: (padded,) in param_dtype; its storage is allocated only while unsharded.
-        # Unsharded in one rank (no_shard) at the same dtype, full *is* local_shard: nothing to
-        # gather, nothing to free, no second copy of the parameters.
-        self.aliased = shard_world == 1 and self.param_dtype == self.dtype
-        if self.aliased:
-            self.full = self.local_shard
-        else:
-            self.full = torch.empty(self.padded, dtype=self.param_dtype, device=self.device)
+        self.compute_device = compute_device
+        self.storage_device = torch.device("cpu") if offload else compute_device
+        self.world = n = mesh.shard_world
+        dims, places = placements_for(mesh)
+        specs = [ShardSpec(i.fqns[0], i.param.shape, i.param.dtype, dims, places, mesh.shard_rank, n,
+                           self.storage_device, compute_device) for i in infos]
+        self.split_sizes = [s.padded_shard_numel for s in specs]  # columns of the rank-major layouts
+        self.offsets = [sum(self.split_sizes[:k]) for k in range(len(specs))]
+        self.local_numel = sum(self.split_sizes)
+        self.padded = n * self.local_numel
+        """S_unit in elements: what one all_gather fills and one reduce_scatter reduces."""
+        pin = bool(offload and offload.pin_memory and torch.cuda.is_available())
+        self.local = torch.zeros(self.local_numel, dtype=self.dtype, device=self.storage_device, pin_memory=pin)
+        self.aliased = n == 1 and self.param_dtype == self.dtype and self.storage_device == compute_device
+        """No gather at all: `full` is `local` (no_shard, or one rank, in the master dtype, not offloaded)."""
+        self.full = self.local if self.aliased else torch.empty(self.padded, dtype=self.param_dtype,
+                                                                device=compute_device)
         self._full_bytes = self.full.untyped_storage().nbytes()
-        storage = self.full.untyped_storage()
-        self.unsharded_params = [
-            nn.Parameter(torch.empty(0, dtype=self.param_dtype, device=self.device).set_(storage, off, shape),
-                         requires_grad=rg)
-            for off, shape, rg in zip(self.offsets, self.shapes, self.requires_grad)]
+        self.params = [FSDPParam(i, s, self.local[off:off + size], self.full, n * off)
+                       for i, s, off, size in zip(infos, specs, self.offsets, self.split_sizes)]
+        for i in infos:  # the sharded copies are the parameters now
+            i.param = None
+        self._full_blocks = [self.full[n * off:n * (off + size)].view(n, size)
+                             for off, size in zip(self.offsets, self.split_sizes)]
         self.free_full()
         self.install_sharded()
 
@@ -112,82 +139,92 @@ class FlatParamShard:
     def is_allocated(self) -> bool:
         return self.full.untyped_storage().nbytes() > 0
 
-    def alloc_full(self) -> bool:
-        """Give `full` its storage back (contents undefined until the all_gather lands).
+    def alloc_full(self) -> None:
+        """Give `full` its storage back (contents undefined until the copy-out)."""
+        if not self.aliased and not self.is_allocated and self._full_bytes:
+            self.full.untyped_storage().resize_(self._full_bytes)
 
-        True if this allocated S_unit bytes (not when aliased or already allocated)."""
-        if self.aliased or self.is_allocated or not self._full_bytes:
-            return False
-        self.full.untyped_storage().resize_(self._full_bytes)
-        return True
+    def free_full(self) -> None:
+        """Drop `full`'s storage; the unsharded parameters become 0-byte views until the next alloc."""
+        if not self.aliased and self.is_allocated:
+            self.full.untyped_storage().resize_(0)
 
-    def free_full(self) -> bool:
-        """Drop `full`'s storage; the unsharded parameters become 0-byte views until the next alloc.
-
-        True if this freed S_unit bytes."""
-        if self.aliased or not self.is_allocated:
-            return False
-        self.full.untyped_storage().resize_(0)
-        return True
-
+    # -- copy-in and copy-out of the all_gather -----------------------------------------------
     def gather_input(self) -> torch.Tensor:
-        """What this rank contributes to the all_gather: its shard in param_dtype."""
-        return self.local_shard if self.param_dtype == self.dtype else self.local_shard.to(self.param_dtype)
+        """Copy-in: this rank's send buffer, `local` in param_dtype on the compute device (`local` itself if so)."""
+        return self.local.to(device=self.compute_device, dtype=self.param_dtype, non_blocking=True)
+
+    @torch.no_grad()
+    def copy_out(self, gathered: torch.Tensor) -> None:
+        """Copy-out: the rank-major all_gather output (N S_local,) into the parameter-major `full`."""
+        if self.world == 1:
+            self.full.copy_(gathered)
+        elif self.params:
+            torch.split_with_sizes_copy(gathered.view(self.world, self.local_numel), self.split_sizes, dim=1,
+                                        out=self._full_blocks)
 
     # -- which parameters the module attributes hold -------------------------------------------
     def install_unsharded(self) -> None:
         """Point the module attributes at the unsharded parameters (`full` must be filled)."""
-        self._install(self.unsharded_params)
+        for fp in self.params:
+            for module, attr in fp.holders:
+                module._parameters[attr] = fp.unsharded
 
     def install_sharded(self) -> None:
         """Point the module attributes back at the sharded parameters."""
-        self._install(self.sharded_params)
-
-    def _install(self, params: list[nn.Parameter]) -> None:
-        for info, p in zip(self.infos, params):
-            for module, attr in info.holders:
-                module._parameters[attr] = p
+        for fp in self.params:
+            for module, attr in fp.holders:
+                module._parameters[attr] = fp.sharded
 
     # -- gradients ----------------------------------------------------------------------------
     @property
     def has_unsharded_grads(self) -> bool:
-        return any(p.grad is not None for p in self.unsharded_params)
+        return any(fp.unsharded.grad is not None for fp in self.params)
 
-    def flat_grad(self, dtype: torch.dtype) -> torch.Tensor:
-        """The unsharded gradients laid out like `full`: (padded,) in `dtype`; zeros where no grad.
+    @torch.no_grad()
+    def reduce_input(self, dtype: torch.dtype) -> torch.Tensor:
+        """Copy-in of the reduction: the unsharded gradients, rank-major (N S_local,) in `dtype`.
 
-        The unsharded .grad tensors are dropped: after this call the flat copy is the only one.
+        Chunk r of every gradient (c rows, zero-padded) lands in row r of the (N, S_local)
+        view. Zeros stand in for a missing gradient, so every rank reduces the same layout.
+        The unsharded .grad tensors are dropped: the input is the only copy afterwards.
         """
-        flat = torch.empty(self.padded, dtype=dtype, device=self.device)  # written once: no zero-fill pass
-        for p, off, n in zip(self.unsharded_params, self.offsets, self.numels):
-            if p.grad is not None:
-                flat[off:off + n].copy_(p.grad.reshape(-1))
-                p.grad = None
-            else:
-                flat[off:off + n].zero_()
-        flat[self.total:].zero_()
-        return flat
+        out = torch.empty(self.padded, dtype=dtype, device=self.compute_device)
+        grads = []
+        for fp in self.params:
+            g = fp.unsharded.grad
+            fp.unsharded.grad = None
+            if fp.spec.padded_shard_numel:  # an empty parameter adds no column
+                g = torch.zeros_like(fp.unsharded) if g is None else g
+                grads.append(g.reshape(fp.spec.rows, fp.spec.row_numel))
+        if grads:
+            torch._chunk_cat(grads, 0, self.world, out=out.view(self.world, self.local_numel))
+        else:
+            out.zero_()
+        return out
 
-    def accumulate_sharded_grad(self, shard_grad: torch.Tensor) -> None:
-        """Hand each sharded parameter its slice of `shard_grad` ((shard_size,), fp32 averaged).
+    def accumulate_sharded_grads(self, shard_grad: torch.Tensor) -> None:
+        """Hand each sharded parameter its rows of `shard_grad` ((S_local,), averaged, master dtype).
 
         A view when .grad is None (no copy), an add when a previous backward left one
         (gradient accumulation without zero_grad, as a plain module accumulates).
         """
-        for sp, (a, b), rg in zip(self.sharded_params, self.shard_ranges, self.requires_grad):
-            if not rg:
+        for fp, off in zip(self.params, self.offsets):
+            if not fp.sharded.requires_grad:
                 continue
-            if sp.grad is None:
-                sp.grad = shard_grad[a:b]
+            g = shard_grad[off:off + fp.local_numel].view(fp.spec.local_shape)
+            if fp.sharded.grad is None:
+                fp.sharded.grad = g
             else:
-                sp.grad.add_(shard_grad[a:b])
+                fp.sharded.grad.add_(g)
 
     # -- full values (state dicts) ------------------------------------------------------------
-    def split_flat(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Views of a (padded,) or (total,) flat tensor shaped like the original parameters."""
-        return [flat[off:off + n].view(shape) for off, n, shape in zip(self.offsets, self.numels, self.shapes)]
-
-    def shard_of(self, flat: torch.Tensor) -> torch.Tensor:
-        """This rank's (shard_size,) piece of a (padded,) flat tensor."""
-        r = self.shard_rank
-        return flat[r * self.shard_size:(r + 1) * self.shard_size]
+    def unpad(self, rank_major: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's full value (original shape) from a rank-major (N S_local,) tensor."""
+        blocks = torch.split(rank_major.view(self.world, self.local_numel), self.split_sizes, dim=1)
+        out = []
+        for b, fp in zip(blocks, self.params):
+            s = fp.spec
+            rows = b.reshape(self.world * s.rows_per_shard, s.row_numel)  # rank r's c rows, then rank r + 1's
+            out.append(rows[:s.rows].reshape(s.global_shape))
+        return out

@@ -9,12 +9,14 @@ backward visits layers last-to-first. A unit that runs next in that order can be
 prefetched: its all_gather is issued while the current unit computes, so the
 communication hides behind compute.
 
-Prefetch caps memory: at most `max_inflight` units are gathered ahead of use, so
-peak parameter memory is (units in use + max_inflight) unsharded units plus 1/N of
-everything else. The default, DEFAULT_MAX_INFLIGHT_ALL_GATHERS = 1, is FSDP2's: one
-unit ahead hides a unit's all_gather whenever a unit computes at least as long as it
-gathers, and a second adds S_unit to the peak (measured: 1.03-1.09x FSDP2's peak with
-2, 1.00x with 1; benchmarks/fsdp_vs_torch.py --mode memory).
+Prefetch caps memory: at most `max_inflight` units are gathered ahead of use (a unit
+being gathered holds its all_gather output, S_unit), so peak parameter memory is
+(units in use + max_inflight) units plus 1/N of everything else; a copy-out briefly
+holds a unit's output and its unsharded parameters together. The default,
+DEFAULT_MAX_INFLIGHT_ALL_GATHERS = 1, is FSDP2's: one unit ahead hides a unit's
+all_gather whenever a unit computes at least as long as it gathers, and each further
+one adds S_unit to the peak (benchmarks/fsdp_vs_torch.py --mode memory measures the
+default against FSDP2's).
 
 End of forward. The post_forward that ends the forward pass (counted on the first
 forward: the same number of post_forwards ends every later one) belongs to the unit
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from minidist.fsdp.collectives import GradReduction
+from minidist.fsdp.reduce_scatter import GradReduction
 
 U = TypeVar("U")
 

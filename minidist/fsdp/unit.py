@@ -1,7 +1,9 @@
 """One FSDP unit's lifecycle: gather, compute, free, re-gather, reduce.
 
-A unit is a module (a transformer Block, or the root) whose parameters share one
-FlatParamShard. It owns two state machines and asserts every transition:
+A unit is a module (a transformer Block, or the root) whose parameters are gathered
+together (one all_gather) and reduced together (one reduce_scatter); their layout and
+buffers are one UnitShards (minidist.fsdp.param). It owns two state machines and asserts
+every transition:
 
     sharded state    SHARDED --_start_unshard--> GATHERING --_finish_unshard--> UNSHARDED
                         ^                                                          |
@@ -10,11 +12,12 @@ FlatParamShard. It owns two state machines and asserts every transition:
                      IDLE --pre_backward--> PRE_BACKWARD --post_backward--> POST_BACKWARD
                      any --finish_backward--> IDLE
 
-Per training step, one parameter goes (collectives = minidist.fsdp.collectives):
+Per training step, one unit goes (minidist.fsdp.all_gather, minidist.fsdp.reduce_scatter):
 
-    pre_forward    unshard: allocate `full`, collectives.start_all_gather (or take the
-                   prefetched one), wait, install the unsharded params; prefetch the
-                   next unit(s) in forward order (schedule.upcoming)
+    pre_forward    unshard: start_all_gather (copy-in, all_gather; or take the prefetched
+                   one), wait (copy-out into `full`, allocated then), install the
+                   unsharded params; prefetch the next unit(s) in forward order
+                   (schedule.upcoming)
     compute        the module's forward, on the unsharded params
     post_forward   full_shard: reshard (install the shards, free `full`). Why: activations
                    are what must stay until backward; keeping every layer's parameters
@@ -32,14 +35,15 @@ Per training step, one parameter goes (collectives = minidist.fsdp.collectives):
                    with post-accumulate-grad hooks, which fire once per backward even for
                    a unit called twice or recomputed) reshard first, then finish the
                    previous unit's reduce_scatter (last_reduction.advance()), then
-                   collectives.start_reduction of the flat gradient -> a GradReduction
-                   in flight (reduce_scatter; replica all_reduce; divide). The order
-                   is the memory peak's: `full` and the previous reduce_scatter's input
-                   (S_unit each) are freed before the flat gradient (S_unit) exists.
+                   start_reduction of the gradients -> a GradReduction in flight
+                   (copy-in, reduce_scatter, replica all_reduce). The order is the
+                   memory peak's: `full` and the previous reduce_scatter's input
+                   (S_unit each) are freed before this one's input (S_unit) exists.
                    Each gradient accumulated polls the previous reduction (never
                    blocking), so its input is freed as soon as it has landed.
     finish_backward  (end of backward, an autograd-engine callback) reduction.wait()
-                   -> the averaged gradient shard, handed to the sharded params
+                   -> the averaged rows (divided, master dtype, storage device), handed
+                   to the sharded params as views
 
 Activation checkpointing (torch.utils.checkpoint, use_reentrant=False) may run a
 unit's forward again inside backward to recompute activations. That pre_forward
@@ -63,20 +67,29 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves  # as FSDP2 walks a module's outputs
 
-from minidist.fsdp import collectives
-from minidist.fsdp.collectives import GradReduction, MeshInfo, ReductionStage
-from minidist.fsdp.param import FlatParamShard
+from minidist.fsdp.all_gather import AllGather, start_all_gather
+from minidist.fsdp.layout import MeshInfo
+from minidist.fsdp.param import UnitShards
+from minidist.fsdp.reduce_scatter import GradReduction, ReductionStage, start_reduction
 from minidist.fsdp.schedule import Schedule
+from minidist.fsdp.streams import Streams
 
 
 class ShardedState(enum.Enum):
     SHARDED = enum.auto()
-    """Only local_shard holds values; module attributes hold the sharded params; `full` has no storage."""
+    """Only `local` holds values; module attributes hold the sharded params; `full` has no storage."""
     GATHERING = enum.auto()
-    """`full` is allocated and an all_gather into it is in flight; attributes still hold the shards."""
+    """The unit's all_gather is in flight (its output allocated); attributes still hold the shards."""
     UNSHARDED = enum.auto()
     """`full` is filled; module attributes hold the unsharded params."""
+
+
+SHARDED_TRANSITIONS = frozenset({(ShardedState.SHARDED, ShardedState.GATHERING),
+                                 (ShardedState.GATHERING, ShardedState.UNSHARDED),
+                                 (ShardedState.UNSHARDED, ShardedState.SHARDED)})
+"""Every move the sharded state may make (asserted by FSDPUnit._to; docs/fsdp.md's diagram draws them)."""
 
 
 class TrainingState(enum.Enum):
@@ -98,39 +111,34 @@ class UnitPolicy:
     """dtype of the gradient reduction; None = the unsharded gradients' dtype."""
 
 
-def _flatten_tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _flatten_tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _flatten_tensors(o)]
-    return []
-
-
 def _in_backward() -> bool:
     """True inside an autograd backward pass (as torch's FSDP2 asks, through the same private call)."""
     return torch._C._current_graph_task_id() != -1
 
 
 class FSDPUnit:
-    """A module, its FlatParamShard, its hooks and its two states."""
+    """A module, its UnitShards, its hooks and its two states."""
 
-    def __init__(self, module: nn.Module, flat: FlatParamShard, mesh: MeshInfo, policy: UnitPolicy,
-                 schedule: Schedule["FSDPUnit"], name: str):
-        self.module, self.flat, self.mesh, self.policy = module, flat, mesh, policy
-        self.schedule, self.name = schedule, name
+    def __init__(self, module: nn.Module, shards: UnitShards, mesh: MeshInfo, policy: UnitPolicy,
+                 schedule: Schedule["FSDPUnit"], streams: Streams, name: str):
+        self.module, self.shards, self.mesh, self.policy = module, shards, mesh, policy
+        self.schedule, self.streams, self.name = schedule, streams, name
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
-        self._gather: collectives.AllGather | None = None
+        self._gather: AllGather | None = None
         self._reduction: GradReduction | None = None
-        self._trainable = [p for p in flat.unsharded_params if p.requires_grad]
+        self._trainable = [fp.unsharded for fp in shards.params if fp.unsharded.requires_grad]
         self._grads_ready = 0
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_accumulated)
-        if flat.infos:
+        if shards.params:
             module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
             module.register_forward_hook(self._post_forward, with_kwargs=True)
+
+    @property
+    def all_gather(self) -> AllGather | None:
+        """The all_gather in flight (GATHERING), if any."""
+        return self._gather
 
     @property
     def reduction(self) -> GradReduction | None:
@@ -138,26 +146,29 @@ class FSDPUnit:
         return self._reduction
 
     def __repr__(self) -> str:
-        return f"FSDPUnit({self.name or '<root>'}, {self.flat.total} params, {self.sharded_state.name})"
+        return f"FSDPUnit({self.name or '<root>'}, {len(self.shards.params)} params, {self.sharded_state.name})"
 
     # -- sharded state --------------------------------------------------------------------------
+    def _to(self, state: ShardedState) -> None:
+        assert (self.sharded_state, state) in SHARDED_TRANSITIONS, f"{self}: {self.sharded_state.name} -> {state.name}"
+        self.sharded_state = state
+
     def _start_unshard(self) -> None:
-        """SHARDED -> GATHERING: allocate `full` and start filling it from every rank's shard."""
-        assert self.sharded_state is ShardedState.SHARDED, f"_start_unshard of {self}"
-        if self.flat.alloc_full():
+        """SHARDED -> GATHERING: start gathering every rank's shards (copy-in, all_gather)."""
+        self._to(ShardedState.GATHERING)
+        if not self.shards.aliased:  # aliased (no_shard, one dtype, one device): `full` is `local` already
             self.schedule.note_alloc()
-        if not self.flat.aliased:  # aliased (no_shard, one dtype): `full` is local_shard already
-            self._gather = collectives.start_all_gather(self.flat.full, self.flat.gather_input(), self.mesh)
-        self.sharded_state = ShardedState.GATHERING
+            self._gather = start_all_gather(self.shards, self.mesh, self.streams)
 
     def _finish_unshard(self) -> None:
-        """GATHERING -> UNSHARDED: wait for the all_gather, install the unsharded params."""
-        assert self.sharded_state is ShardedState.GATHERING, f"_finish_unshard of {self}"
+        """GATHERING -> UNSHARDED: wait for the all_gather, copy out into `full`, install the unsharded params."""
+        self._to(ShardedState.UNSHARDED)
+        if self.schedule.last_reduction is not None:  # its input may have landed: free it before `full` exists
+            self.schedule.last_reduction.poll()
         if self._gather is not None:
             self._gather.wait()
             self._gather = None
-        self.flat.install_unsharded()
-        self.sharded_state = ShardedState.UNSHARDED
+        self.shards.install_unsharded()
 
     def unshard(self) -> None:
         """Make the unsharded params filled and installed, from whatever state (this unit is in use now)."""
@@ -169,14 +180,15 @@ class FSDPUnit:
 
     def reshard(self) -> None:
         """-> SHARDED: install the shards and free `full` (after waiting for a prefetch never used)."""
-        if self.sharded_state is ShardedState.GATHERING:  # the all_gather still writes into `full`
+        if self.sharded_state is ShardedState.GATHERING:  # a prefetch never used: its output is still being written
             self.schedule.became_current(self)
             self._finish_unshard()
         if self.sharded_state is ShardedState.UNSHARDED:
-            self.flat.install_sharded()
-            if self.flat.free_full():
+            self._to(ShardedState.SHARDED)
+            self.shards.install_sharded()
+            if not self.shards.aliased:
+                self.shards.free_full()  # on the compute stream: its last readers are queued there
                 self.schedule.note_free()
-            self.sharded_state = ShardedState.SHARDED
 
     def _prefetch(self, backward: bool) -> None:
         """Start the all_gathers of the units that run after this one, within the prefetch budget."""
@@ -209,7 +221,7 @@ class FSDPUnit:
         if self.policy.reshard_after_forward and not self.schedule.ends_forward():
             self.reshard()
         if torch.is_grad_enabled():
-            outs = [t for t in _flatten_tensors(output) if t.requires_grad]
+            outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
             if outs:
                 torch.autograd.graph.register_multi_grad_hook(outs, self._pre_backward, mode="any")
         self.training_state = TrainingState.IDLE
@@ -243,13 +255,13 @@ class FSDPUnit:
                 f"must be used inside its forward, and activation checkpointing needs use_reentrant=False")
         self.training_state = TrainingState.POST_BACKWARD
         self.reshard()  # first: the gradients are tensors of their own, and `full` (S_unit) goes before
-        if self.schedule.require_backward_grad_sync:  # the flat gradient (S_unit) is allocated
+        if self.schedule.require_backward_grad_sync:  # the reduce_scatter input (S_unit) is allocated
             self._start_reduction()
 
     def _start_reduction(self) -> None:
-        """Hand the flat gradient to a new GradReduction, after the previous unit's reduce_scatter.
+        """Hand the gradients to a new GradReduction, after the previous unit's reduce_scatter.
 
-        Why wait for the previous one first: a reduce_scatter's input is its unit's full
+        Why wait for the previous one first: a reduce_scatter's input is its unit's whole
         padded gradient (S_unit bytes). Holding every unit's until the end of backward
         would cost the whole model's gradients at the peak; with one in flight behind the
         current one, communication still overlaps the backward compute between two
@@ -257,8 +269,8 @@ class FSDPUnit:
         """
         if self.schedule.last_reduction is not None:
             self.schedule.last_reduction.advance()
-        dtype = self.policy.reduce_dtype or self.flat.param_dtype
-        self._reduction = collectives.start_reduction(self.flat.flat_grad(dtype), self.mesh, self.flat.dtype)
+        dtype = self.policy.reduce_dtype or self.shards.param_dtype
+        self._reduction = start_reduction(self.shards, self.mesh, dtype, self.streams)
         self.schedule.last_reduction = self._reduction
         self.schedule.reducing.append(self)
 
@@ -268,7 +280,7 @@ class FSDPUnit:
         if self.training_state is TrainingState.PRE_BACKWARD and self._trainable:
             self._post_backward()  # some trainable params got no gradient this backward
         elif (self.schedule.require_backward_grad_sync and self._reduction is None
-              and self.flat.has_unsharded_grads):
+              and self.shards.has_unsharded_grads):
             self._start_reduction()  # grads accumulated under no_sync, this backward touched none
         self.reshard()
         self._grads_ready = 0
@@ -276,7 +288,7 @@ class FSDPUnit:
 
     def _finish_reduction(self) -> None:
         if self._reduction is not None:
-            self.flat.accumulate_sharded_grad(self._reduction.wait())
+            self.shards.accumulate_sharded_grads(self._reduction.wait())
             self._reduction = None
 
 

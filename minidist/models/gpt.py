@@ -5,6 +5,14 @@ output head tied to the token embedding (one shared weight: the engines must
 reduce it once). `Block` is the natural FSDP unit: wrap={Block}. With
 activation_checkpointing the parent checkpoints each Block's call, as Hugging
 Face models do (under FSDP, the unit is recomputed, re-gathered, inside backward).
+
+minidist.tp.parallelize_gpt splits it in place (Megatron-LM's layout): the pieces it
+swaps are submodules here, so the forward below reads the same either way. The attention
+counts its heads from `n_head` (the plan sets this rank's share) and takes the sequence
+length from qkv's output (under sequence parallelism its input holds a chunk); the random
+step inside the heads is its own module (CausalAttention); the loss is the `criterion`
+module (a vocabulary-parallel plan swaps it). None of these has parameters: state_dict keys
+and results are those of the plain model.
 """
 
 from __future__ import annotations
@@ -39,22 +47,46 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
+    """Heads attend in parallel: q, k, v from one fused projection laid out [q | k | v], then the output projection.
+
+    `n_head` counts the heads this module computes: all of them in the plain model,
+    n_head / tp once minidist.tp splits the heads over ranks (qkv then holds this rank's
+    rows of q, of k and of v; proj the matching input columns).
+    """
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         if cfg.n_embd % cfg.n_head:
             raise ValueError(f"n_head={cfg.n_head} must divide n_embd={cfg.n_embd}")
         self.n_head = cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.dropout = cfg.dropout
+        self.attend = CausalAttention(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape  # batch, time, channels
-        q, k, v = self.qkv(x).split(c, dim=2)
-        # (b, t, c) -> (b, heads, t, c/heads)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        qkv = self.qkv(x)  # (batch, time, 3 * heads * head_dim)
+        b, t, _ = qkv.shape  # t from qkv: under sequence parallelism x holds 1/tp of the sequence, qkv all of it
+        # (b, t, heads * head_dim) -> (b, heads, t, head_dim)
+        q, k, v = (z.view(b, t, self.n_head, self.head_dim).transpose(1, 2) for z in qkv.chunk(3, dim=2))
+        y = self.attend(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+
+
+class CausalAttention(nn.Module):
+    """softmax(q k^T / sqrt(head_dim), causal) v, with dropout on the attention weights; no parameters.
+
+    A module of its own because its dropout is the one random step inside the heads: a
+    tensor-parallel plan wraps it so that each rank's heads draw their own masks
+    (minidist.tp.random), as the plain model's heads do.
+    """
+
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
 
 
 class MLP(nn.Module):
@@ -94,6 +126,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one parameter, two uses
+        self.criterion = nn.CrossEntropyLoss()  # a module, so a parallel plan can swap it (vocabulary-parallel loss)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith("proj.weight"):
@@ -121,7 +154,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            loss = self.criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
     @torch.no_grad()

@@ -1,18 +1,33 @@
 """Checkpoints: every file a run writes to resume, in one module.
 
     <run dir>/checkpoints/step_0000200/
-        model.pt           the whole model (+ a replicated optimizer), from the main process
-        shard_dp{r}.pt     data-parallel rank r's shards: the model's (FSDP) or the optimizer's (ZeRO-1)
-        state_dp{r}.pt     rank r's RNG states, and the step and data position (the same on every rank)
-        manifest_dp{r}.json  sha256 and size of each file rank r wrote
-        COMPLETE           the merged manifest, written by the main process once every rank's files are synced
+        model.pt              the whole model, and a plain optimizer's whole state by parameter name
+                              (minidist.train.portable), written by the main process
+        shard_{coord}.pt      the rank at mesh coordinate coord: its engine's sharded state, the
+                              model's and its optimizer's (FSDP) or the optimizer's (ZeRO-1)
+        state_{coord}.pt      its RNG states, and the step and data position (the same on every rank)
+        manifest_{coord}.json sha256 and size of each file it wrote
+        COMPLETE              the merged manifest and what wrote it (strategy, mesh, what is whole and
+                              what sharded, the whole model's shapes), by the main process, last
 
-What goes where is decided by what the wrapped objects offer, not by a strategy name:
-a model with `sharded_state_dict(optimizer)` (FSDP) saves its shards together with the
-optimizer state that belongs to them; otherwise the main process saves the whole model,
-and an optimizer with `sharded_state_dict()` (ZeRO-1) saves one shard per rank. Sharded
-files are read back from every saved rank and the engines cut out what the current layout
-needs, so a checkpoint written at N processes resumes at M.
+coord is the rank's coordinate on every mesh dimension ("dp1", "replicate0_shard1",
+"dp0_tp1"), so two ranks that differ in any dimension never write the same file. What goes
+where is decided by what the wrapped objects offer, not by a strategy name: a model with
+`sharded_state_dict(optimizer)` (FSDP) saves its shards together with the optimizer state
+that belongs to them; otherwise the main process saves the whole model (tensor-parallel
+slices gathered first), and an optimizer with `sharded_state_dict()` (ZeRO-1) saves one
+shard per rank. Sharded files are read back from every saved rank of the same tp slice
+and the engines cut out what the current layout needs, so a checkpoint written at N
+processes resumes at M.
+
+Across strategies: a whole model loads into any strategy (FSDP through its
+load_full_state_dict), and a whole optimizer state into any plain optimizer, FSDP's
+included (see minidist.train.portable); sharded files load into any engine that reads
+them (FSDP's into every FSDP strategy, at any world size). Anything else is refused in
+one line naming the strategy that wrote the checkpoint, except an optimizer state that
+only its own engine reads: the weights are loaded, the optimizer starts afresh, and the
+run says so. Checkpoints from before the layout record (files keyed by dp rank) load
+as they did.
 
 Why a checksum and fsync: a checkpoint must either load exactly as written or be refused.
 Every file is fsync'ed (and its directory) before COMPLETE exists, so a power cut cannot leave
@@ -24,110 +39,40 @@ weights_only=True: tensors and plain values, never pickled objects.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
-import random
 import shutil
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
-from minidist.mesh import dp_rank, dp_size, is_main
-from minidist.train.parallelize import unwrap
+from minidist.mesh import TP, Layout
+from minidist.train import portable
+from minidist.train.checkpoint_files import (MARKER, SHARDED, WHOLE, WITH_MODEL, CheckpointError, Contents, fsync_dir,
+                                             contents, coordinate, legacy_shapes, load_file, rng_state, save_file,
+                                             set_rng_state, verify, write_bytes_durably)
+from minidist.train.parallelize import FSDP_STRATEGIES, unwrap
 
-MARKER = "COMPLETE"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names the file and the reason."""
-
-
-# ------------------------------------------------------------------------------ files
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_bytes_durably(data: bytes, path: Path) -> None:
-    """Write to a temporary name, fsync, rename into place, fsync the directory."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def save_file(obj, path: Path) -> dict:
-    """torch.save `obj` durably; returns its manifest entry {"sha256", "bytes"}."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    data = buf.getvalue()
-    write_bytes_durably(data, path)
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-
-
-def load_file(path: Path):
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def verify(d: Path) -> str | None:
-    """None if every file COMPLETE lists has its recorded size and sha256; else why not (one line)."""
-    try:
-        manifest = json.loads((d / MARKER).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"{MARKER}: unreadable manifest ({type(exc).__name__})"
-    for name, want in sorted(manifest.items()):
-        try:
-            data = (d / name).read_bytes()
-        except OSError:
-            return f"{name}: missing"
-        if len(data) != want["bytes"]:
-            return f"{name}: {len(data)} bytes, {want['bytes']} written (truncated or overwritten)"
-        got = hashlib.sha256(data).hexdigest()
-        if got != want["sha256"]:
-            return f"{name}: checksum mismatch (sha256 {got[:12]}..., {want['sha256'][:12]}... written)"
-    return None
-
-
-# -------------------------------------------------------------------------------- rng
-def rng_state() -> dict:
-    """This rank's RNG states as tensors and plain values (weights_only-loadable)."""
-    version, internal, gauss = random.getstate()
-    state = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
+__all__ = ["Checkpointer", "CheckpointError", "MARKER"]
 
 # ------------------------------------------------------------------------ checkpointer
 class Checkpointer:
-    """Saves, verifies and loads the checkpoints of one run directory (the same path on every rank)."""
+    """Saves, verifies and loads the checkpoints of one run directory (the same path on every rank).
+
+    shapes: the whole model's state_dict shapes (before any wrapper), recorded so that a
+    changed model is named without opening an engine's files; strategy: its name, for messages.
+    """
 
     def __init__(self, run_dir: Path, keep_last: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 mesh: DeviceMesh):
+                 layout: Layout, *, shapes: dict[str, tuple[int, ...]], strategy: str):
         self.root = run_dir / "checkpoints"
         self.keep_last = max(1, keep_last)
-        self.model, self.optimizer, self.mesh = model, optimizer, mesh
-        self.rank, self.main = dp_rank(mesh), is_main(mesh)
+        self.model, self.optimizer, self.layout = model, optimizer, layout
+        self.shapes, self.strategy = {k: tuple(v) for k, v in shapes.items()}, strategy
+        self.main = layout.is_main
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"step_{step:07d}"
@@ -150,39 +95,42 @@ class Checkpointer:
             shutil.rmtree(part, ignore_errors=True)  # a crashed attempt's leftovers
             part.mkdir(parents=True)
         comm.barrier()
-        files = self._save_model_and_optimizer(part)
-        files[f"state_dp{self.rank}.pt"] = save_file(
-            state | {"rng": rng_state(), "world_size": dp_size(self.mesh)}, part / f"state_dp{self.rank}.pt")
-        write_bytes_durably(json.dumps(files).encode(), part / f"manifest_dp{self.rank}.json")
+        files, what = self._save_model_and_optimizer(part)
+        key = self.layout.key
+        files[f"state_{key}.pt"] = save_file(
+            state | {"rng": rng_state(), "world_size": self.layout.size()}, part / f"state_{key}.pt")
+        write_bytes_durably(json.dumps(files).encode(), part / f"manifest_{key}.json")
         comm.barrier()  # every rank's files are on disk
         if self.main:
             merged: dict = {}
-            for m in sorted(part.glob("manifest_dp*.json")):
+            for m in sorted(part.glob("manifest_*.json")):
                 merged |= json.loads(m.read_text())
-            write_bytes_durably(json.dumps({"step": step, "files": merged}, indent=1).encode(), part / MARKER)
+            record = Contents(self.strategy, self.layout.names, tuple(self.layout.mesh.shape), *what,
+                              self.shapes).record()
+            write_bytes_durably(json.dumps({"step": step, "files": merged, "layout": record}, indent=1).encode(),
+                                part / MARKER)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(part, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             for old in self.complete()[:-self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         comm.barrier()  # nobody resumes from / deletes a directory others still read
         return final
 
-    def _save_model_and_optimizer(self, d: Path) -> dict:
+    def _save_model_and_optimizer(self, d: Path) -> tuple[dict, tuple[str, str]]:
+        """This rank's files, and where the model and the optimizer state went (WHOLE / SHARDED / WITH_MODEL)."""
         model, opt, files = self.model, self.optimizer, {}
-        shard = f"shard_dp{self.rank}.pt"
+        shard = f"shard_{self.layout.key}.pt"
         if hasattr(model, "sharded_state_dict"):
             files[shard] = save_file(model.sharded_state_dict(optimizer=opt), d / shard)
-            return files
+            return files, (SHARDED, WITH_MODEL)
         sharded_opt = hasattr(opt, "sharded_state_dict")
         if sharded_opt:
             files[shard] = save_file(opt.sharded_state_dict(), d / shard)
+        whole = portable.whole_state(model, None if sharded_opt else opt, self.layout)  # a collective
         if self.main:
-            whole = {"model": unwrap(model).state_dict()}
-            if not sharded_opt:
-                whole["optimizer"] = opt.state_dict()
             files["model.pt"] = save_file(whole, d / "model.pt")
-        return files
+        return files, (WHOLE, SHARDED if sharded_opt else WHOLE)
 
     # ------------------------------------------------------------------ find
     def usable(self, explicit: Path | None = None) -> Path | None:
@@ -211,45 +159,76 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
     def load(self, d: Path) -> dict:
-        """Restore model, optimizer and RNG from a verified checkpoint; return its step and data position.
+        """Restore model, optimizer and RNG from a verified checkpoint; return its step and data position
+        (and "note": what could not be carried over, for the run's log; "" when everything was).
 
         At another number of processes: the engines reshard, the data position is the job's
         (see BatchStream), and ranks without a saved RNG state keep their seeded one.
         """
-        files = json.loads((d / MARKER).read_text())["files"]
-        state = load_file(d / "state_dp0.pt")  # step and data position: the same on every rank
-        self._check_model_matches(d, files)
-        self._load_model_and_optimizer(d, files)
-        own = f"state_dp{self.rank}.pt"
-        if own in files:
-            set_rng_state(load_file(d / own)["rng"] if self.rank else state["rng"])
-        return state
+        manifest = json.loads((d / MARKER).read_text())
+        files, what = manifest["files"], contents(d, manifest)
+        self._check_can_read(d, what)
+        self._check_model_matches(d, files, what)
+        state = load_file(d / f"state_{what.main_key}.pt")  # step and data position: the same on every rank
+        note = self._load_model_and_optimizer(d, files, what)
+        own = what.key(self.layout)
+        if own is not None and f"state_{own}.pt" in files:
+            set_rng_state(load_file(d / f"state_{own}.pt")["rng"] if own != what.main_key else state["rng"])
+        return state | {"note": note}
 
-    def _shards(self, d: Path, files: dict) -> list[dict]:
-        names = sorted((n for n in files if n.startswith("shard_dp")), key=lambda n: int(n[8:-3]))
-        return [load_file(d / n) for n in names]
+    def _shards(self, d: Path, files: dict, what: Contents) -> list[dict]:
+        """Every saved rank's shard file of this rank's tp slice, in coordinate order."""
+        mine = self.layout.coordinate.get(TP, 0)
+        keys = [n[len("shard_"):-len(".pt")] for n in files if n.startswith("shard_")]
+        keys = [k for k in keys if coordinate(k).get(TP, 0) == mine]
+        keys.sort(key=lambda k: tuple(coordinate(k).values()))
+        return [load_file(d / f"shard_{k}.pt") for k in keys]
 
-    def _load_model_and_optimizer(self, d: Path, files: dict) -> None:
+    def _check_can_read(self, d: Path, what: Contents) -> None:
+        """One line naming what wrote the checkpoint, where this run's engines cannot read it."""
+        if what.model == SHARDED and not hasattr(self.model, "load_sharded_state_dict"):
+            raise CheckpointError(
+                f"checkpoint {d} was written by strategy={what.strategy}, which keeps the model in per-rank "
+                f"shards only; strategy={self.strategy} needs the whole model: resume with one of "
+                f"{', '.join(FSDP_STRATEGIES)} (any number of processes), or start a new run")
+        sharded_files = what.model == SHARDED or what.optimizer == SHARDED
+        if sharded_files and what.tp != self.layout.size(TP):
+            raise CheckpointError(
+                f"checkpoint {d} was written by strategy={what.strategy} at strategy.tp_size={what.tp}, in shards "
+                f"per tensor-parallel slice; resume with strategy.tp_size={what.tp}")
+
+    def _load_model_and_optimizer(self, d: Path, files: dict, what: Contents) -> str:
         model, opt = self.model, self.optimizer
-        if hasattr(model, "load_sharded_state_dict"):
-            model.load_sharded_state_dict(self._shards(d, files), optimizer=opt)
-            return
+        if what.model == SHARDED:  # an engine's own shards: it reshards them to this layout
+            model.load_sharded_state_dict(self._shards(d, files, what), optimizer=opt)
+            return ""
         whole = load_file(d / "model.pt")
-        unwrap(model).load_state_dict(whole["model"])
-        if hasattr(opt, "load_sharded_state_dict"):
-            opt.load_sharded_state_dict(self._shards(d, files))
-        else:
-            opt.load_state_dict(whole["optimizer"])
+        if what.legacy:  # the whole optimizer state by position, before names
+            whole = {"model": whole["model"]} | (
+                {"optimizer": portable.optimizer_from_positions(whole["optimizer"], unwrap(model))}
+                if "optimizer" in whole else {})
+        if hasattr(opt, "load_sharded_state_dict"):  # ZeRO-1: its own shards, or nothing it can read
+            portable.load_whole(model, None, whole, self.layout)
+            if what.optimizer == SHARDED:
+                opt.load_sharded_state_dict(self._shards(d, files, what))
+                return ""
+            return self._fresh_optimizer(what, "whole")
+        if what.optimizer == SHARDED:
+            portable.load_whole(model, None, whole, self.layout)
+            return self._fresh_optimizer(what, "in ZeRO-1's shards")
+        portable.load_whole(model, opt, whole, self.layout)
+        return ""
 
-    def _check_model_matches(self, d: Path, files: dict) -> None:
+    def _fresh_optimizer(self, what: Contents, saved_as: str) -> str:
+        return (f"the optimizer state starts afresh: strategy={what.strategy} saved it {saved_as}, which "
+                f"strategy={self.strategy} cannot read (the weights, step and data position are resumed)")
+
+    def _check_model_matches(self, d: Path, files: dict, what: Contents) -> None:
         """Name the first differing parameters instead of torch's cut-off 'Error(s) in loading state_dict'."""
-        if hasattr(self.model, "sharded_state_dict"):
-            first = load_file(d / min((n for n in files if n.startswith("shard_dp")), key=lambda n: int(n[8:-3])))
-            saved = {k: tuple(v["global_shape"]) for k, v in first["params"].items()}
-            ours = {k: tuple(v["global_shape"]) for k, v in self.model.sharded_state_dict()["params"].items()}
-        else:
-            saved = {k: tuple(v.shape) for k, v in load_file(d / "model.pt")["model"].items()}
-            ours = {k: tuple(v.shape) for k, v in unwrap(self.model).state_dict().items()}
+        saved = what.shapes if what.shapes is not None else legacy_shapes(d, files, what)
+        if saved is None:
+            return  # an engine format this module does not know: the engine's loader judges
+        ours = self.shapes
         diffs = [f"'{k}' {saved.get(k, 'missing')} in the checkpoint vs {ours.get(k, 'missing')} in the model"
                  for k in sorted(saved.keys() | ours.keys()) if saved.get(k) != ours.get(k)]
         if diffs:

@@ -36,6 +36,7 @@ top-level configs/, see pyproject.toml), else the checkout's configs/ itself."""
 class Precision(enum.Enum):
     fp32 = "fp32"
     bf16 = "bf16"
+    fp16 = "fp16"
 
 
 class WandbMode(enum.Enum):
@@ -86,14 +87,30 @@ class DDPStrategy:
     """Broadcast buffers (BatchNorm statistics) from rank 0 before every forward."""
     comm_hook: Optional[str] = None
     """'module:function' of a DDP communication hook, or null for plain all_reduce."""
+    reduce_dtype: Optional[DType] = None
+    """Dtype gradients are all-reduced in (null = trainer.precision's: bf16/fp16 copies, fp32 otherwise)."""
+    tp_size: int = 1
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
+    1 until minidist's tensor parallelism lands)."""
 
 
 @dataclass
-class Zero1Strategy(DDPStrategy):
-    """ZeRO-1: DDP for gradients plus minidist.ShardedOptimizer (each rank keeps 1/N of the state)."""
+class ZeroStrategy:
+    """minidist.ShardedOptimizer: ZeRO-1 (optimizer state sharded), ZeRO-2 (+ gradients), or zero1_broadcast
+    (torch's ZeroRedundancyOptimizer design: whole parameters, all_reduce, one broadcast per owner)."""
 
     name: str = "zero1"
-    """Strategy name (set by the preset; do not override)."""
+    """Strategy name: zero1, zero2 or zero1_broadcast (set by the preset; do not override)."""
+    bucket_cap_mb: Optional[float] = None
+    """Gradient MiB per reduce_scatter (and parameter all_gather) bucket; null = DDP's default."""
+    overlap_param_gather: bool = False
+    """Let step() return with the parameter all_gathers in flight; each layer waits for its own just before
+    its forward (zero1, zero2)."""
+    reduce_dtype: Optional[DType] = None
+    """Dtype gradients are reduce-scattered in (null = trainer.precision's)."""
+    tp_size: int = 1
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
+    1 until minidist's tensor parallelism lands)."""
 
 
 @dataclass
@@ -114,6 +131,9 @@ class FSDPStrategy:
     """Dtype parameters are all-gathered and computed in (null = their own)."""
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are reduce-scattered in (null = param_dtype)."""
+    tp_size: int = 1
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
+    1 until minidist's tensor parallelism lands)."""
 
 
 @dataclass
@@ -239,7 +259,8 @@ class TrainerConfig:
     grad_accum: int = 1
     """Micro-batches per optimizer step (gradients are reduced only on the last one)."""
     precision: Precision = Precision.fp32
-    """fp32, or bf16 autocast for the forward pass."""
+    """fp32, bf16 or fp16: the engines' parameter (compute) and gradient-reduction dtype, fp32 masters and
+    optimizer state, autocast around the forward; fp16 adds loss scaling (ShardedGradScaler)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
     log_interval: int = 10
@@ -285,7 +306,7 @@ class RunConfig:
     """Top level: the groups plus where the run lives."""
 
     strategy: Any = MISSING
-    """Parallelism: single, ddp, zero1, shard_grad_op, full_shard, no_shard, hybrid_shard."""
+    """Parallelism: single, ddp, zero1, zero2, zero1_broadcast, shard_grad_op, full_shard, no_shard, hybrid_shard."""
     model: Any = MISSING
     """gpt or resnet18."""
     data: Any = MISSING
@@ -314,7 +335,8 @@ class RunConfig:
 
 
 GROUPS: dict[str, dict[str, type]] = {
-    "strategy": {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": Zero1Strategy,
+    "strategy": {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": ZeroStrategy, "zero2": ZeroStrategy,
+                 "zero1_broadcast": ZeroStrategy,
                  "shard_grad_op": FSDPStrategy, "full_shard": FSDPStrategy, "no_shard": FSDPStrategy,
                  "hybrid_shard": HybridShardStrategy},
     "model": {"gpt": GPTModel, "resnet18": ResNetModel},

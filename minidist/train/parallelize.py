@@ -1,24 +1,33 @@
-"""Parallelism by composition: a mesh, the wrappers applied over its dimensions, then the optimizer.
+"""Parallelism by composition: a layout, the wrappers applied over its dimensions, then the optimizer.
 
-    mesh = build_mesh(cfg.strategy, topo)                         # which ranks do what
-    model = parallelize(model, mesh, cfg.strategy, block_types)   # DDP / FSDP over the mesh
-    optimizer = build_optimizer(model, mesh, cfg.strategy, cfg.optim)   # ZeRO-1 shards it
+    layout = build_layout(cfg.strategy, topo)                        # which ranks do what
+    policy = precision_policy(cfg.trainer, cfg.strategy)             # trainer.precision: engine dtypes
+    model = parallelize(model, layout, cfg.strategy, block_types, policy)    # DDP / FSDP over the layout
+    optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)   # ZeRO shards it
 
-Each strategy is a short list of steps, not a branch in every method:
+Each strategy is a short list of steps, not a branch in every method; each engine is
+handed the sub-mesh it works over, by name (minidist.mesh):
 
-    strategy       mesh                          model step          optimizer step
-    single         1-D "dp" of size 1            -                   plain
-    ddp            1-D "dp"                      DDP over "dp"       plain
-    zero1          1-D "dp"                      DDP over "dp"       ShardedOptimizer over "dp"
+    strategy       layout                           model step                 optimizer step
+    single         "dp" of size 1                   -                          plain
+    ddp            "dp" = N replicas                DDP over "dp"              plain
+    zero1, zero2   "dp" = N replicas                -                          ShardedOptimizer(stage=1|2) over "dp"
+                                                                               (it hooks the gradients itself)
+    zero1_broadcast "dp" = N replicas               -                          ShardedOptimizer(owner_broadcast=True)
     full_shard,
-    shard_grad_op,
-    no_shard       1-D "dp"                      FSDP over "dp"      plain (over the shards)
-    hybrid_shard   2-D ("replicate", "shard")    FSDP over both      plain (over the shards)
+    shard_grad_op  "dp" = N shards                  FSDP over "dp"             plain (over the shards)
+    no_shard       "dp" = N replicas                FSDP over "dp"             plain
+    hybrid_shard   ("replicate", "shard")           FSDP over both             plain (over the shards)
+
+strategy.tp_size adds a "tp" dimension (innermost) to any of them once tensor parallelism
+lands (issue 19): the data-parallel engines then span "dp" inside each tp slice.
 
 A new kind of parallelism (tensor parallel, CPU offload) is a new step here and,
 if it shards state, a state-dict method on its engine: the training loop and the
-checkpoints ask the wrapped objects what they offer (`no_sync`, `clip_grad_norm_`,
-`sharded_state_dict`), never which strategy is running.
+checkpoints ask the wrapped objects what they offer (`no_sync`, `full_state_dict`,
+`sharded_state_dict`), never which strategy is running. What is split over which
+dimension is declared on the parameters themselves (minidist.mesh.shard_param), so that
+clipping and whole-model checkpoints work for any composition (minidist.train.placement).
 """
 
 from __future__ import annotations
@@ -30,55 +39,93 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh
 
 import minidist
 from minidist.fsdp import ShardingStrategy
-from minidist.mesh import data_parallel_mesh, hybrid_mesh, is_main
+from minidist.mesh import DP, REPLICATE, SHARD, TP, Layout, ParallelDims
+from minidist.precision import MixedPrecisionPolicy
 from minidist.runtime import Topology
+from minidist.train import placement
 
 FSDP_STRATEGIES = tuple(s.value for s in ShardingStrategy)
 """Strategies that are minidist.FSDP's sharding_strategy values."""
-DDP_STRATEGIES = ("ddp", "zero1")
+DDP_STRATEGIES = ("ddp",)
+ZERO_STRATEGIES = ("zero1", "zero2", "zero1_broadcast")
+"""Strategies whose optimizer is minidist.ShardedOptimizer (the model is not wrapped)."""
+SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size"}
+"""The config keys that set each degree, for one-line errors."""
 
 
-def build_mesh(strategy_cfg, topo: Topology) -> DeviceMesh:
-    """The mesh the strategy needs: 2-D for hybrid_shard, 1-D over every rank otherwise."""
-    if strategy_cfg.name == "single" and topo.world_size != 1:
-        raise ValueError(f"strategy=single runs one process, but the world has {topo.world_size}; "
+def build_layout(strategy_cfg, topo: Topology) -> Layout:
+    """The strategy's degrees, checked against the world (one line naming the setting), as a Layout."""
+    name, world = strategy_cfg.name, topo.world_size
+    if name == "single" and world != 1:
+        raise ValueError(f"strategy=single runs one process, but the world has {world}; "
                          f"use strategy=ddp (or another data-parallel strategy) under torchrun")
-    if strategy_cfg.name == "hybrid_shard":
+    tp = getattr(strategy_cfg, "tp_size", 1)
+    if name == "hybrid_shard":
         shard = strategy_cfg.shard_size
         if shard is None:  # one shard group per node: all_gather/reduce_scatter on the fast links
-            shard = int(os.environ.get("LOCAL_WORLD_SIZE", topo.world_size))
-        return hybrid_mesh(topo, shard)
-    return data_parallel_mesh(topo)
+            shard = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)) // max(tp, 1))
+        dims = ParallelDims.infer(world, tp=tp, shard=shard, hybrid=True, settings=SETTINGS)
+    else:  # FSDP's full_shard and shard_grad_op split the parameters over every data-parallel rank
+        sharded = name in (ShardingStrategy.FULL_SHARD.value, ShardingStrategy.SHARD_GRAD_OP.value)
+        dims = ParallelDims.infer(world, tp=tp, shard=-1 if sharded else 1, settings=SETTINGS)
+    if dims.tp > 1:
+        raise ValueError(f"strategy.tp_size={dims.tp}: tensor parallelism is not available yet; "
+                         f"use strategy.tp_size=1")
+    return dims.build(topo.device.type)
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, strategy_cfg, block_types: tuple[type, ...]) -> nn.Module:
+def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tuple[type, ...],
+                policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """Wrap `model` (already on its device) as the strategy says; returns what forward/backward run on."""
     name = strategy_cfg.name
     if name in FSDP_STRATEGIES:
-        return _apply_fsdp(model, mesh, strategy_cfg, block_types)
+        declared = placement.by_name(model)  # FSDP makes new parameters: carry declarations by name
+        hybrid = name == ShardingStrategy.HYBRID_SHARD.value
+        wrapped = _apply_fsdp(model, layout[(REPLICATE, SHARD)] if hybrid else layout[DP], strategy_cfg,
+                              block_types, policy)
+        split = (SHARD,) if hybrid else () if name == ShardingStrategy.NO_SHARD.value else (DP,)
+        placement.redeclare(unwrap(wrapped), declared, split)
+        return wrapped
     if name in DDP_STRATEGIES:
-        return _apply_ddp(model, mesh, strategy_cfg)
+        return _apply_ddp(model, layout[DP], strategy_cfg, policy)
     return model
 
 
-def _apply_ddp(model: nn.Module, mesh: DeviceMesh, cfg) -> nn.Module:
+def _apply_ddp(model: nn.Module, mesh, cfg, policy: MixedPrecisionPolicy | None) -> nn.Module:
     return minidist.DDP(model, device_mesh=mesh, bucket_cap_mb=cfg.bucket_cap_mb,
                         find_unused_parameters=cfg.find_unused_parameters,
                         gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-                        broadcast_buffers=cfg.broadcast_buffers, comm_hook=_comm_hook(cfg.comm_hook))
+                        broadcast_buffers=cfg.broadcast_buffers, comm_hook=_comm_hook(cfg.comm_hook),
+                        mixed_precision=policy)
 
 
-def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg, block_types: tuple[type, ...]) -> nn.Module:
+def _apply_fsdp(model: nn.Module, mesh, cfg, block_types: tuple[type, ...],
+                policy: MixedPrecisionPolicy | None) -> nn.Module:
+    policy = policy or MixedPrecisionPolicy(cfg.param_dtype.torch_dtype if cfg.param_dtype else None,
+                                            cfg.reduce_dtype.torch_dtype if cfg.reduce_dtype else None)
     return minidist.FSDP(model, mesh=mesh, wrap=set(block_types) if cfg.wrap_blocks else None,
                          sharding_strategy=cfg.name, forward_prefetch=cfg.forward_prefetch,
                          backward_prefetch=cfg.backward_prefetch,
                          max_inflight_all_gathers=cfg.max_inflight_all_gathers,
-                         param_dtype=cfg.param_dtype.torch_dtype if cfg.param_dtype else None,
-                         reduce_dtype=cfg.reduce_dtype.torch_dtype if cfg.reduce_dtype else None)
+                         param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
+
+
+def precision_policy(trainer_cfg, strategy_cfg) -> MixedPrecisionPolicy | None:
+    """The engines' dtypes: trainer.precision (bf16, fp16) for the parameters' compute copy and, unless
+    the strategy sets its own reduce_dtype (or param_dtype, FSDP), for the gradient reduction too."""
+    precision = trainer_cfg.precision.value
+    own_param = getattr(strategy_cfg, "param_dtype", None)
+    own_reduce = getattr(strategy_cfg, "reduce_dtype", None)
+    param = own_param.torch_dtype if own_param else _DTYPES.get(precision)
+    if param is None and own_reduce is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=own_reduce.torch_dtype if own_reduce else None)
+
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _comm_hook(path: str | None) -> Callable | None:
@@ -90,11 +137,15 @@ def _comm_hook(path: str | None) -> Callable | None:
     return getattr(importlib.import_module(mod), fn)
 
 
-def build_optimizer(model: nn.Module, mesh: DeviceMesh, strategy_cfg, optim_cfg) -> torch.optim.Optimizer:
-    """The optimizer over what the model trains: sharded across the mesh for zero1, plain otherwise."""
+def build_optimizer(model: nn.Module, layout: Layout, strategy_cfg, optim_cfg,
+                    policy: MixedPrecisionPolicy | None = None) -> torch.optim.Optimizer:
+    """The optimizer over what the model trains: sharded over "dp" for the ZeRO strategies, plain otherwise."""
     cls, kwargs = optimizer_class(optim_cfg)
-    if strategy_cfg.name == "zero1":
-        return minidist.ShardedOptimizer(list(model.parameters()), cls, mesh=mesh, **kwargs)
+    if strategy_cfg.name in ZERO_STRATEGIES:
+        variant = dict(owner_broadcast=True) if strategy_cfg.name == "zero1_broadcast" else dict(
+            stage=int(strategy_cfg.name[-1]), mp_policy=policy, overlap_param_gather=strategy_cfg.overlap_param_gather)
+        return minidist.ShardedOptimizer(list(model.parameters()), cls, mesh=layout[DP], module=model,
+                                         bucket_cap_mb=strategy_cfg.bucket_cap_mb, **variant, **kwargs)
     return cls(model.parameters(), **kwargs)
 
 
@@ -115,24 +166,49 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
-def no_sync(model: nn.Module):
-    """Skip gradient communication for an accumulation micro-step (nothing to skip without a wrapper)."""
-    return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+def no_sync(model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
+    """Skip gradient communication for an accumulation micro-step: the engine that reduces the gradients
+    (the model's wrapper, or ZeRO's optimizer) offers no_sync; nothing to skip without one. Put the
+    backward inside the block too: ZeRO (and FSDP) read it there, DDP in the forward."""
+    for engine in (model, optimizer):
+        if hasattr(engine, "no_sync"):
+            return engine.no_sync()
+    return contextlib.nullcontext()
 
 
-def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, optimizer: torch.optim.Optimizer | None = None,
+                    norm_type: float = 2.0) -> torch.Tensor:
     """Clip the global gradient norm; returns it as a tensor (reading it is a host sync: log steps only).
 
-    An engine whose gradients are sharded offers its own (it must reduce the shards'
-    squared norms across ranks); replicated gradients are already whole on every rank.
+    The norm of the whole model's gradient whatever is split where: each parameter's
+    squared norm summed over the dimensions it declares (FSDP's shards over "dp" or
+    "shard", a tensor-parallel slice over "tp"), replicated ones counted once
+    (minidist.train.placement.global_norm). Then every gradient is scaled by
+    min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ does.
+    ZeRO keeps the averaged gradients in its optimizer's partitions (p.grad is None
+    after backward), so there the optimizer clips (one scalar all_reduce over "dp").
     """
-    if hasattr(model, "clip_grad_norm_"):
-        return model.clip_grad_norm_(max_norm)
-    return torch.nn.utils.clip_grad_norm_(unwrap(model).parameters(), max_norm)
+    if hasattr(optimizer, "clip_grad_norm_"):
+        return optimizer.clip_grad_norm_(max_norm)
+    params = list(model.parameters())
+    total = placement.global_norm(params, layout, norm_type)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
-def full_state_dict(model: nn.Module, mesh: DeviceMesh) -> dict:
-    """The whole model's state on the main process ({} elsewhere). A collective for sharded engines."""
+def full_state_dict(model: nn.Module, layout: Layout) -> dict:
+    """The whole model's state on the main process ({} elsewhere). A collective.
+
+    Each tensor-parallel slice is first made whole over the data-parallel ranks (the
+    engine's full_state_dict gathers FSDP's shards onto the slice's first data-parallel
+    rank; a replicated model is whole already), then those first ranks concatenate the
+    slices along "tp" (nothing to do without tensor parallelism).
+    """
+    first = layout.dp_rank == 0
     if hasattr(model, "full_state_dict"):
-        return model.full_state_dict(rank0_only=True, cpu_offload=True)
-    return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()} if is_main(mesh) else {}
+        state = model.full_state_dict(rank0_only=True, cpu_offload=True)
+    else:
+        state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()} if first else {}
+    if first:
+        state = placement.gather_whole(state, placement.tensor_dims(unwrap(model), TP), layout, TP)
+    return state if layout.is_main else {}

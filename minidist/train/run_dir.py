@@ -32,7 +32,7 @@ import torch
 from omegaconf import OmegaConf
 
 from minidist import Topology, comm
-from minidist.mesh import is_main
+from minidist.mesh import is_main, main_rank
 
 PLAN_BYTES = 8192
 HYDRA_DIR = ".hydra"
@@ -174,7 +174,7 @@ def decide(cfg, request: RunRequest | None = None) -> RunPlan:
 def plan_run(cfg, topo: Topology, mesh, request: RunRequest | None = None) -> RunPlan:
     """decide() on the main process, the same plan (or the same refusal) on every rank."""
     main = is_main(mesh)
-    src = int(mesh.mesh.flatten()[0])
+    src = main_rank(mesh)
     text = ""
     if main:
         try:
@@ -224,5 +224,5 @@ def run_dir_for(cfg, topo: Topology, mesh, prefix: str) -> Path:
     rank (for programs other than the trainer, e.g. minidist.compare; the trainer uses plan_run)."""
     if cfg.name:
         return Path(cfg.out_dir) / cfg.name
-    name = _broadcast_text(f"{prefix}-{stamp()}" if is_main(mesh) else "", topo, int(mesh.mesh.flatten()[0]))
+    name = _broadcast_text(f"{prefix}-{stamp()}" if is_main(mesh) else "", topo, main_rank(mesh))
     return Path(cfg.out_dir) / name

@@ -1,7 +1,7 @@
 """The training loop, in phases, the same for every strategy and model.
 
-    plan = plan_run(cfg, topo, mesh)       # where the run lives; nothing to do if it already finished
-    run = setup(cfg, topo, mesh, plan)     # seed, model + wrappers, data, resume, logger
+    plan = plan_run(cfg, topo, layout)     # where the run lives; nothing to do if it already finished
+    run = setup(cfg, topo, layout, plan)   # seed, model + wrappers, data, resume, logger
     for step in range(run.start_step, cfg.trainer.steps):
         stats = train_step(run, step)      # grad_accum micro-batches, clip, optimizer step
         log_step(run, stats)               # on log steps only: the one host sync, a metrics row
@@ -29,15 +29,16 @@ from typing import Any, Callable, Sequence
 
 import torch
 from omegaconf import OmegaConf
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from minidist import Topology, comm
-from minidist.mesh import all_reduce_dp, dp_rank, dp_size, is_main
+from minidist.mesh import Layout
 from minidist.models.saved import save_model
 from minidist.train.checkpoint import Checkpointer
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
-from minidist.train.parallelize import (build_mesh, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
-                                        parallelize)
+from minidist.train.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
+                                        parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config
 from minidist.train.task import make_task
@@ -52,7 +53,8 @@ class Run:
 
     cfg: Any
     topo: Topology
-    mesh: Any
+    layout: Layout
+    """Which ranks do what: data shards, the main process, the groups every sum runs over."""
     plan: RunPlan
     run_dir: Path
     task: Any
@@ -65,6 +67,8 @@ class Run:
     logger: NullLogger
     info: dict
     preemption: PreemptionWatch | None = None
+    scaler: Any = None
+    """fp16: the loss scaler (torch's ShardedGradScaler: every rank skips a step with an inf together)."""
     start_step: int = 0
     stop_requested: bool = False
     preempted: bool = False
@@ -77,8 +81,8 @@ class Run:
         self.stop_requested = True
 
     def autocast(self):
-        bf16 = self.cfg.trainer.precision.value == "bf16"
-        return torch.autocast(self.topo.device.type, dtype=torch.bfloat16, enabled=bf16)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.trainer.precision.value)
+        return torch.autocast(self.topo.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 @dataclass
@@ -109,7 +113,7 @@ def lr_at(step: int, optim_cfg, total_steps: int) -> float:
 
 
 # ----------------------------------------------------------------------------- setup
-def setup(cfg, topo: Topology, mesh, plan: RunPlan, request: RunRequest | None = None) -> Run:
+def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunRequest | None = None) -> Run:
     """Build the run on every rank: model and wrappers, optimizer, data, checkpoints; resume.
     Nothing is written before all of it succeeded."""
     tc = cfg.trainer
@@ -118,16 +122,19 @@ def setup(cfg, topo: Topology, mesh, plan: RunPlan, request: RunRequest | None =
     random.seed(tc.seed)
     task = make_task(cfg.model)
     model, blocks = task.build()  # identical init on every rank (same seed)
-    model = parallelize(model.to(topo.device), mesh, cfg.strategy, blocks)
-    optimizer = build_optimizer(model, mesh, cfg.strategy, cfg.optim)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}  # the whole model's, for checkpoints
+    policy = precision_policy(tc, cfg.strategy)  # trainer.precision: the engines' dtypes
+    model = parallelize(model.to(topo.device), layout, cfg.strategy, blocks, policy)
+    optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)
+    scaler = ShardedGradScaler(topo.device.type) if tc.precision.value == "fp16" else None
     train_ds, val_ds, info = build_datasets(cfg, topo)
-    rank, world = dp_rank(mesh), dp_size(mesh)
+    rank, world = layout.dp_rank, layout.dp_size  # ranks that differ only in tp read the same data
     stream = BatchStream(train_ds, tc.batch_size, rank, world, tc.seed)
     val_stream = BatchStream(val_ds, tc.batch_size, rank, world, tc.seed, shuffle=False)
-    ckpt = Checkpointer(run_dir, tc.keep_last, model, optimizer, mesh)
-    start, resumed_from = _resume(cfg, ckpt, stream)  # validates the checkpoint before any file is written
+    ckpt = Checkpointer(run_dir, tc.keep_last, model, optimizer, layout, shapes=shapes, strategy=cfg.strategy.name)
+    start, resumed_from, note = _resume(cfg, ckpt, stream, scaler)  # validates the checkpoint before any file is written
     logger = NullLogger()
-    if is_main(mesh):
+    if layout.is_main:
         write_config(plan, cfg, request)
         logger = RunLogger(run_dir, cfg, start, tc.steps, OmegaConf.to_container(cfg, enum_to_str=True),
                            plan.label)
@@ -135,23 +142,26 @@ def setup(cfg, topo: Topology, mesh, plan: RunPlan, request: RunRequest | None =
     if plan.message:
         logger.message(plan.message)
     if resumed_from is not None:
-        logger.message(f"resumed from step {start} ({resumed_from})")
+        logger.message(f"resumed from step {start} ({resumed_from})" + (f"; {note}" if note else ""))
     comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
-    return Run(cfg, topo, mesh, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
-               watch, start)
+    return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
+               watch, scaler, start)
 
 
-def _resume(cfg, ckpt: Checkpointer, stream: BatchStream) -> tuple[int, Path | None]:
-    """(first step to run, the checkpoint it comes from): restores model, optimizer, RNG and data position."""
+def _resume(cfg, ckpt: Checkpointer, stream: BatchStream, scaler=None) -> tuple[int, Path | None, str]:
+    """(first step to run, the checkpoint it comes from, what was not carried over): restores model,
+    optimizer, RNG, data position and the fp16 loss scale."""
     if cfg.resume == "never":
-        return 0, None
+        return 0, None, ""
     d = ckpt.usable(None if cfg.resume == "auto" else Path(cfg.resume))
     if d is None:
-        return 0, None
+        return 0, None, ""
     state = ckpt.load(d)
     stream.load_state_dict(state["data"])
-    return int(state["step"]), d
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    return int(state["step"]), d, state["note"]
 
 
 # ------------------------------------------------------------------------------ step
@@ -171,15 +181,22 @@ def train_step(run: Run, step: int) -> StepStats:
             batch = [b.to(run.topo.device, non_blocking=True) for b in next(run.stream)]
             items += run.task.count(batch)
             last = micro == tc.grad_accum - 1
-            with (contextlib.nullcontext() if last else no_sync(run.model)), run.autocast():
-                loss = run.task.loss(run.model, batch) / tc.grad_accum
-            loss.backward()
+            with contextlib.nullcontext() if last else no_sync(run.model, opt):  # backward inside: ZeRO and
+                with run.autocast():                                               # FSDP read it there
+                    loss = run.task.loss(run.model, batch) / tc.grad_accum
+                (loss if run.scaler is None else run.scaler.scale(loss)).backward()
             step_loss += loss.detach()
-        grad_norm = clip_grad_norm_(run.model, tc.grad_clip) if tc.grad_clip > 0 else None
-        opt.step()
+        if run.scaler is not None and tc.grad_clip > 0:
+            run.scaler.unscale_(opt)  # clip the true gradients
+        grad_norm = clip_grad_norm_(run.model, tc.grad_clip, run.layout, opt) if tc.grad_clip > 0 else None
+        if run.scaler is None:
+            opt.step()
+        else:
+            run.scaler.step(opt)  # skipped on every rank if any rank found an inf
+            run.scaler.update()
         opt.zero_grad(set_to_none=True)
     return StepStats(step + 1, step_loss, grad_norm, lr, time.perf_counter() - t0,
-                     items * dp_size(run.mesh), tr)
+                     items * run.layout.dp_size, tr)
 
 
 # ------------------------------------------------------------------------------- log
@@ -189,8 +206,9 @@ def log_step(run: Run, stats: StepStats) -> None:
     if stats.trace is None and stats.step != run.cfg.trainer.steps:
         return
     window, run.window = run.window, []
-    mean_loss = all_reduce_dp(torch.stack([s.loss for s in window]).mean().double(), run.mesh)
-    mean_loss = float(mean_loss) / dp_size(run.mesh)
+    # summed over the data-parallel ranks only: ranks that differ in tp hold the same loss
+    mean_loss = run.layout.all_reduce(torch.stack([s.loss for s in window]).mean().double())
+    mean_loss = float(mean_loss) / run.layout.dp_size
     step_s = sum(s.seconds for s in window) / len(window)
     per_s = stats.items / step_s
     row = {"step": stats.step, "train/loss": mean_loss, "train/lr": stats.lr, "train/step_s": step_s,
@@ -215,11 +233,12 @@ def evaluate(run: Run, max_batches: int | None) -> dict[str, float]:
             s = run.task.eval_sums(run.model, [b.to(run.topo.device) for b in batch])
         sums = s if sums is None else sums + s
     run.model.train()
-    return run.task.report(all_reduce_dp(sums, run.mesh).cpu())
+    return run.task.report(run.layout.all_reduce(sums).cpu())
 
 
 def save_checkpoint(run: Run, step: int) -> None:
-    run.ckpt.save(step, {"step": step, "data": run.stream.state_dict()})
+    extra = {"scaler": run.scaler.state_dict()} if run.scaler is not None else {}
+    run.ckpt.save(step, {"step": step, "data": run.stream.state_dict()} | extra)
 
 
 # ---------------------------------------------------------------------------- finish
@@ -227,10 +246,10 @@ def finish(run: Run) -> dict:
     """Final evaluation on the whole validation split, the model file, a text sample and the plot."""
     tc = run.cfg.trainer
     final = evaluate(run, None)
-    full_state = full_state_dict(run.model, run.mesh)
+    full_state = full_state_dict(run.model, run.layout)
     result = {"run_dir": str(run.run_dir), "stopped": False, **run.info, **final, "step": tc.steps,
               "wall_s": time.perf_counter() - run.t0}
-    if not is_main(run.mesh):
+    if not run.layout.is_main:
         return result
     lines = ["final  " + "  ".join(f"{k} {v:.4f}" for k, v in final.items())]
     if "unigram_bpb" in run.info:
@@ -267,13 +286,13 @@ def train(cfg, topo: Topology, callbacks: Sequence[Callback] = (), request: RunR
     request: the directory the launcher chose (see run_dir.RunRequest); None = <out_dir>/<name>."""
     if cfg.debug_collectives:
         comm.set_debug(True)
-    mesh = build_mesh(cfg.strategy, topo)
-    plan = plan_run(cfg, topo, mesh, request)
+    layout = build_layout(cfg.strategy, topo)
+    plan = plan_run(cfg, topo, layout, request)
     if plan.action is Action.FINISHED:
-        if is_main(mesh):
+        if layout.is_main:
             print(plan.message, flush=True)
         return {"run_dir": str(plan.dir), "stopped": False, "finished_already": True, "step": plan.step}
-    run = setup(cfg, topo, mesh, plan, request)
+    run = setup(cfg, topo, layout, plan, request)
     tc = cfg.trainer
     try:  # the logger's files are closed however the loop ends (a crash included)
         for step in range(run.start_step, tc.steps):
@@ -302,7 +321,7 @@ def train(cfg, topo: Topology, callbacks: Sequence[Callback] = (), request: RunR
 
 def _stopped(run: Run, done: int) -> dict:
     why = f"preempted ({run.preemption.caught or 'a signal on another rank'})" if run.preempted else "stopped"
-    if is_main(run.mesh) and run.preempted:
+    if run.layout.is_main and run.preempted:
         (run.run_dir / PREEMPTED).write_text(f"{done}\n")
     run.logger.message(f"{why} after step {done}, checkpoint saved; resume=auto continues")
     return {"run_dir": str(run.run_dir), "stopped": True, "preempted": run.preempted, "step": done}

@@ -1,9 +1,16 @@
-"""minidist.zero: ZeRO stage 1, the optimizer state sharded across ranks.
+"""minidist.zero: ZeRO, the optimizer state (stage 1) and the gradients (stage 2) sharded across ranks.
 
-Read partition.py (who owns what), then sharded_optimizer.py (step, broadcast, checkpoint).
+Read in this order: layout.py (equal flat partitions: who updates which elements),
+bucket.py (the flat buffers and their lifecycle), reduce_scatter.py (backward: hook ->
+bucket -> reduce_scatter), all_gather.py (after step: every partition back into the
+parameters), flat_partitions.py (the paper's step, its bytes and memory),
+sharded_optimizer.py (the public optimizer), state_dict.py (checkpoints at any world
+size); then partition.py and owner_broadcast.py, the owner-broadcast variant (torch's
+ZeroRedundancyOptimizer design) kept for comparison.
 """
 
+from minidist.zero.layout import BucketLayout, Piece
 from minidist.zero.partition import partition_by_numel
 from minidist.zero.sharded_optimizer import ShardedOptimizer
 
-__all__ = ["ShardedOptimizer", "partition_by_numel"]
+__all__ = ["ShardedOptimizer", "BucketLayout", "Piece", "partition_by_numel"]

@@ -1,180 +1,242 @@
-"""ShardedOptimizer: ZeRO-1, any torch optimizer with its state split across ranks.
+"""ShardedOptimizer: ZeRO, any elementwise torch optimizer with its state split across ranks.
 
-    model = minidist.DDP(net)                                  # grads are averaged on every rank
-    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, mesh=mesh, lr=1e-3)   # mesh: 1-D, as DDP's
-    loss.backward(); opt.step(); opt.zero_grad()
+    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, mesh=mesh, lr=1e-3)   # ZeRO-1
+    loss.backward()          # each bucket's gradient is reduce_scattered as it fills
+    opt.step()               # this rank's slices only, then one all_gather per bucket
+    opt.zero_grad()
 
-Memory per rank for P parameters (fp32 AdamW, bytes): params 4P + grads 4P +
-state 8P/N, instead of 16P. Cost: after each step the updated parameters
-travel from their owner to everyone: one broadcast per (owner, dtype) of the
-owner's flat shard, about 4P (N-1)/N bytes received per rank in all (every
-share but its own), which is what an all_gather of the shards would move,
-without padding the shards to one size.
+The model needs no wrapper: the optimizer hooks the parameters' gradients itself
+(CS336's shape). It must not be wrapped in minidist.DDP (whose all_reduce would send
+the gradients a second time). On construction every rank checks that it was given
+the same parameters and takes rank 0's values, as DDP does.
 
-Checkpoints: state_dict() / load_state_dict() hold one rank's shard for the
-same rank at the same world size; sharded_state_dict() /
-load_sharded_state_dict(all ranks' dicts) resume at any world size.
+    stage=1 (ZeRO-1, P_os)      optimizer state sharded; the full gradient buffer stays
+    stage=2 (ZeRO-2, P_os+g)    + each bucket's gradient freed once reduce_scattered: psi / N
+    owner_broadcast=True        torch's ZeroRedundancyOptimizer design (owner_broadcast.py)
 
-Why subclass torch.optim.Optimizer: lr schedulers (and anything else that
-reads `param_groups`) check isinstance(opt, Optimizer) and edit
-`opt.param_groups[i]["lr"]`. Our param_groups hold *all* parameters (so
-zero_grad clears every grad); the inner optimizer's groups hold this rank's
-share, and every hyperparameter is copied outer -> inner at each step(), so a
-scheduler's change reaches the inner optimizer.
+flat_partitions.py has the algorithm and its costs, layout.py the partition,
+bucket.py the buffers, reduce_scatter.py the backward, all_gather.py the return of
+the parameters, state_dict.py the checkpoints.
+
+After a synced backward ``p.grad`` is None for every parameter: the gradient lives in
+the buckets, and this rank's averaged partition in the tensors the wrapped optimizer
+steps (``param_groups`` holds those partitions; schedulers, ``torch.amp`` scalers and
+zero_grad see them). Hence ``clip_grad_norm_`` here, which sums the partitions'
+squared norms over the ranks; with fp16, torch's ShardedGradScaler makes every rank
+agree on skipping a step.
+
+``no_sync()``: backwards inside accumulate locally (into the buckets) and the next
+synced backward reduces the sum. The flag is read when a backward starts, so the
+backward must run inside the block (minidist.DDP reads it in the forward).
+
+Why subclass torch.optim.Optimizer: lr schedulers check isinstance(opt, Optimizer)
+and edit ``opt.param_groups[i]["lr"]``; here param_groups *is* the wrapped optimizer's
+list, so every edit reaches it. ``add_param_group`` works after construction (a
+collective: every rank calls it with the same parameters).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import contextlib
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
+from minidist.ddp.ddp import REDUCED_MARK
 from minidist.mesh import group_of
+from minidist.precision import MixedPrecisionPolicy
 from minidist.verify import verify_same_model
-from minidist.zero.partition import partition_by_numel
-
+from minidist.zero import state_dict as _sd
+from minidist.zero.flat_partitions import FlatPartitions
+from minidist.zero.owner_broadcast import OwnerBroadcast
 
 class ShardedOptimizer(torch.optim.Optimizer):
-    """Keeps `optimizer_cls` state only for this rank's share; step() updates every rank's params."""
+    """Keeps `optimizer_cls` state only for this rank's partition; step() updates every rank's parameters.
+
+    `optimizer_cls(..., **defaults)` is built over this rank's partitions. `mp_policy`
+    (minidist.precision.MixedPrecisionPolicy): parameters (and compute) in param_dtype,
+    gradients reduced in reduce_dtype, fp32 master partitions. `module`: the model, for
+    `overlap_param_gather` (its forward pre-hooks wait for each bucket's all_gather) and,
+    under a param_dtype, to cast its floating inputs. `bucket_cap_mb`: as DDP's.
+    """
 
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], *,
-                 process_group: dist.ProcessGroup | None = None, mesh: DeviceMesh | None = None, **kwargs: Any):
-        groups = list(params)
-        if not groups:
-            raise ValueError("ShardedOptimizer got an empty parameter list")
-        if not isinstance(groups[0], dict):
-            groups = [{"params": groups}]
-        groups = [dict(g, params=list(g["params"])) for g in groups]
-        self.process_group = process_group = group_of("ShardedOptimizer", process_group, mesh)
-        self.world_size = dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
-        all_params = [p for g in groups for p in g["params"]]
-        verify_same_model([(f"param {i}", p) for i, p in enumerate(all_params)], [], process_group, "ShardedOptimizer")
-        self._owner = partition_by_numel(all_params, self.world_size)
-        owner_of = {id(p): r for p, r in zip(all_params, self._owner)}
-        local = [dict(g, params=[p for p in g["params"] if owner_of[id(p)] == self.rank]) for g in groups]
-        self.optim = optimizer_cls(local, **kwargs)
-        """The wrapped optimizer, over this rank's share only (its groups align with ours)."""
-        self._initialising = True
-        super().__init__(groups, self.optim.defaults)
-        self._initialising = False
-        self.state = self.optim.state  # this rank's shard of the state, nothing more
-        self._shards = self._plan_broadcasts(all_params)
-
-    def _plan_broadcasts(self, params: list[torch.Tensor]) -> list[tuple[int, list[torch.Tensor]]]:
-        """[(owner's group rank, its params of one dtype/device)]: one broadcast each per step."""
-        plan: dict[tuple, list[torch.Tensor]] = {}
-        for p, r in zip(params, self._owner):
-            plan.setdefault((r, p.dtype, p.device), []).append(p)
-        return [(r, ps) for (r, _, _), ps in sorted(plan.items(), key=lambda kv: kv[0][0])]
+                 process_group: dist.ProcessGroup | None = None, mesh: DeviceMesh | None = None, stage: int = 1,
+                 owner_broadcast: bool = False, bucket_cap_mb: float | None = None,
+                 mp_policy: MixedPrecisionPolicy | None = None, module: nn.Module | None = None,
+                 overlap_param_gather: bool = False, **defaults: Any):
+        self.process_group = group = group_of("ShardedOptimizer", process_group, mesh)
+        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        _check_options(stage, owner_broadcast, mp_policy, module, overlap_param_gather)
+        self.stage, self.owner_broadcast = stage, owner_broadcast
+        self.engine = (OwnerBroadcast(group, bucket_cap_mb) if owner_broadcast else
+                       FlatPartitions(group, stage, bucket_cap_mb, mp_policy, overlap_param_gather))
+        self._optimizer_cls, self._kwargs = optimizer_cls, defaults
+        self.optim: torch.optim.Optimizer | None = None
+        """The wrapped optimizer, over this rank's partitions only (param_groups is its list)."""
+        self._params: list[nn.Parameter] = []
+        super().__init__(params, defaults)  # calls add_param_group for each group
+        self.defaults = self.optim.defaults
+        if module is not None:
+            self.engine.attach(module)
 
     def add_param_group(self, param_group: dict) -> None:
-        if not getattr(self, "_initialising", False):
-            raise NotImplementedError("ShardedOptimizer: add_param_group after construction is not supported; "
-                                      "pass every group to the constructor (the partition is fixed then)")
-        super().add_param_group(param_group)
+        """Partition the group's parameters and hand this rank's partitions to the wrapped optimizer.
 
-    def owned_parameters(self) -> list[torch.Tensor]:
-        return [p for g in self.optim.param_groups for p in g["params"]]
+        A collective: every rank must call it with the same parameters (checked), whose values
+        are then taken from rank 0.
+        """
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        params = [p for p in params if p.requires_grad]  # frozen ones are left alone, as torch skips them
+        seen = {id(p) for p in self._params}
+        if any(id(p) in seen for p in params) or len({id(p) for p in params}) != len(params):
+            raise ValueError("ShardedOptimizer: some parameters appear in more than one parameter group")
+        if any(getattr(p, REDUCED_MARK, False) for p in params):
+            raise ValueError("ShardedOptimizer reduces the gradients itself: pass the parameters of the model "
+                             "itself, not of a minidist.DDP wrapper (whose all_reduce would send them twice)")
+        if not params:
+            raise ValueError("ShardedOptimizer: a parameter group without parameters that require grad")
+        first = len(self._params)
+        names = [f"param {first + i}" for i in range(len(params))]
+        verify_same_model(list(zip(names, params)), [], self.process_group, "ShardedOptimizer")
+        _broadcast_from_rank0(params, self.process_group)
+        local = self.engine.add_params(params, first, names)
+        self._params += params
+        inner = {k: v for k, v in param_group.items() if k != "params"} | {"params": local}
+        if self.optim is None:
+            self.optim = self._optimizer_cls([inner], **self._kwargs)
+        else:
+            self.optim.add_param_group(inner)
+        self._share_groups()
 
-    @torch.no_grad()
+    def _share_groups(self) -> None:
+        self.param_groups = self.optim.param_groups
+        self.state = self.optim.state
+
+    # ------------------------------------------------------------------ the step
     def step(self, closure: Callable[[], float] | None = None):
-        """Sync hyperparameters in, update this rank's share, then send each share to every rank."""
-        for outer, inner in zip(self.param_groups, self.optim.param_groups):
-            inner.update({k: v for k, v in outer.items() if k != "params"})
-        loss = self.optim.step(closure)
-        self._broadcast_shards()
+        """Update this rank's partitions, then return every rank's to every rank (all_gather or broadcasts)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.engine.before_step()
+        self.optim.step()
+        self.engine.after_step()
         return loss
 
-    def _broadcast_shards(self) -> None:
-        if self.world_size == 1:
-            return
-        flats = []
-        me = self.rank
-        for src, ps in self._shards:  # launch all, then wait: the N broadcasts can overlap
-            if src == me:  # the owner sends its freshly updated share ...
-                flat = torch.cat([p.detach().reshape(-1) for p in ps])
-            else:  # ... everyone else receives it into scratch space
-                flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
-            flats.append((flat, ps, comm.broadcast(flat, group=self.process_group, group_src=src, async_op=True)))
-        for (src, _), (flat, ps, work) in zip(self._shards, flats):
-            work.wait()
-            if src == me:
-                continue
-            offset = 0
-            for p in ps:
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every gradient: the partitions' (always set to None: they may be views of a bucket) and the buckets'."""
+        self.engine.zero_grad()
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside accumulate locally; the first synced backward after it reduces the sum."""
+        old = self.engine.require_backward_grad_sync
+        self.engine.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.engine.require_backward_grad_sync = old
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the gradients so that the global norm is at most max_norm; return that norm.
+
+        Flat partitions hold every element once across the ranks (padding has zero gradient),
+        so the squared norms are summed over the group: one all_reduce of a scalar.
+        """
+        grads, sharded = self.engine.local_grads()
+        norm_type = float(norm_type)
+        dev = self._params[0].device
+        if norm_type == float("inf"):
+            local = max((g.abs().max() for g in grads), default=torch.zeros((), device=dev)).float()
+            op = comm.ReduceOp.MAX
+        else:
+            local = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.zeros((), device=dev))
+            op = comm.ReduceOp.SUM
+        if sharded and self.world_size > 1:
+            comm.all_reduce(local, op, group=self.process_group)
+        total = local if norm_type == float("inf") else local ** (1.0 / norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        if grads:
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+        return total
+
+    def wait_for_params(self) -> None:
+        """Make the model's parameters current (with overlap_param_gather they may still be in flight)."""
+        self.engine.wait_for_params()
+
+    @property
+    def parameters_in_order(self) -> list[nn.Parameter]:
+        """Every parameter this optimizer updates, in the order given (the index of sharded state dicts)."""
+        return list(self._params)
+
+    # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the state, to be loaded back by the same rank at the same world size.
+        """This rank's shard of the state, for the same rank at the same world size and layout.
 
         For a checkpoint that may be resumed at another world size, use sharded_state_dict().
         """
-        return {"shard": self.optim.state_dict(), "world_size": self.world_size, "rank": self.rank,
-                "owner": list(self._owner),
-                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+        self.engine.wait_for_params()
+        masters = [t.detach().clone() for g in self.param_groups for t in g["params"]] \
+            if self.engine.separate_masters else None
+        return {"optimizer": self.optim.state_dict(), "world_size": self.world_size, "rank": self.rank,
+                "layout": self.engine.signature(), "masters": masters}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("world_size") != self.world_size or state_dict.get("rank") != self.rank:
             raise ValueError(f"ShardedOptimizer.load_state_dict: this state was saved by rank "
                              f"{state_dict.get('rank')} of {state_dict.get('world_size')}; this is rank "
                              f"{self.rank} of {self.world_size}. Each rank must load its own shard, saved at "
-                             f"the same world size.")
-        if state_dict["owner"] != self._owner:
-            raise ValueError("ShardedOptimizer.load_state_dict: the parameter partition differs from the saved "
-                             "one (different model or parameter order)")
-        self.optim.load_state_dict(state_dict["shard"])
-        for g, saved in zip(self.param_groups, state_dict["param_groups"]):
-            g.update(saved)
-        self.state = self.optim.state
-
-    def _all_params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
+                             f"the same world size (sharded_state_dict() resumes at any).")
+        if state_dict["layout"] != self.engine.signature():
+            raise ValueError("ShardedOptimizer.load_state_dict: the partition differs from the saved one (another "
+                             "model, parameter order, bucket size or variant); use sharded_state_dict()")
+        self.optim.load_state_dict(state_dict["optimizer"])
+        self._share_groups()
+        if state_dict.get("masters") is not None:
+            with torch.no_grad():
+                for t, saved in zip((t for g in self.param_groups for t in g["params"]), state_dict["masters"]):
+                    t.copy_(saved)
+            self.engine.after_step()  # the parameters follow their masters
 
     def sharded_state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the state, keyed by parameter position (over all groups), on the CPU.
+        """This rank's shard of the state, keyed by parameter and element range, on the CPU.
 
-        Save every rank's dict; load_sharded_state_dict(all of them) restores the
-        state at any world size (the FSDP engine's sharded_state_dict convention).
+        Save every rank's dict; load_sharded_state_dict(all of them) restores the state at any
+        world size, bucket size or variant (state_dict.py).
         """
-        index = {id(p): i for i, p in enumerate(self._all_params())}
-        state = {index[id(p)]: {k: v.detach().clone().cpu() if isinstance(v, torch.Tensor) else v
-                                for k, v in st.items()} for p, st in self.optim.state.items()}
-        return {"world_size": self.world_size, "rank": self.rank, "state": state,
-                "shapes": [tuple(p.shape) for p in self._all_params()],
-                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+        self.engine.wait_for_params()
+        return _sd.sharded_state_dict(self)
 
     def load_sharded_state_dict(self, shards: list[dict[str, Any]]) -> None:
-        """Load from the sharded_state_dict() of ALL saved ranks, saved at any world size.
+        """Load from the sharded_state_dict() of ALL saved ranks, saved at any world size."""
+        _sd.load_sharded_state_dict(self, shards)
+        self._share_groups()
 
-        Each parameter's state comes whole from its saved owner; this rank keeps
-        the entries of the parameters it owns under the current partition.
-        """
-        by_rank = {s["rank"]: s for s in shards}
-        saved_world = shards[0]["world_size"] if shards else 0
-        if not shards or sorted(by_rank) != list(range(saved_world)):
-            raise ValueError(f"ShardedOptimizer.load_sharded_state_dict: need the sharded state dicts of all "
-                             f"{saved_world} saved ranks, got ranks {sorted(by_rank)}")
-        shapes = [tuple(p.shape) for p in self._all_params()]
-        if [tuple(s) for s in shards[0]["shapes"]] != shapes:
-            raise ValueError("ShardedOptimizer.load_sharded_state_dict: the saved parameter shapes differ from "
-                             "this optimizer's (different model or parameter order)")
-        state: dict[int, dict[str, Any]] = {}
-        for s in shards:
-            state.update(s["state"])
-        index = {id(p): i for i, p in enumerate(self._all_params())}
-        inner = self.optim.state_dict()  # the inner optimizer's own numbering of this rank's parameters
-        owned = [index[id(p)] for g in self.optim.param_groups for p in g["params"]]
-        # clone: the optimizer updates its state in place and must not write into the checkpoint
-        inner["state"] = {j: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state[i].items()}
-                          for j, i in enumerate(owned) if i in state}
-        inner["param_groups"] = [dict(saved, params=g["params"])
-                                 for saved, g in zip(shards[0]["param_groups"], inner["param_groups"])]
-        self.optim.load_state_dict(inner)
-        for g, saved in zip(self.param_groups, shards[0]["param_groups"]):
-            g.update(saved)
-        self.state = self.optim.state
+
+def _check_options(stage: int, owner_broadcast: bool, mp_policy, module, overlap: bool) -> None:
+    if stage not in (1, 2):
+        raise ValueError(f"ShardedOptimizer: stage={stage!r}; ZeRO stage 1 (optimizer state) or 2 (+ gradients)")
+    if owner_broadcast and (stage != 1 or overlap or (mp_policy and mp_policy.param_dtype)):
+        raise ValueError("ShardedOptimizer(owner_broadcast=True) is ZeRO-1 on whole parameters in their own dtype: "
+                         "stage=2, overlap_param_gather and a param_dtype need the flat partitions (the default)")
+    if overlap and module is None:
+        raise ValueError("ShardedOptimizer(overlap_param_gather=True) needs module=<the model>: its forward "
+                         "pre-hooks wait for each bucket's parameters")
+
+
+@torch.no_grad()
+def _broadcast_from_rank0(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> None:
+    """Every rank starts from group rank 0's values (as DDP): all launched, then waited."""
+    if dist.get_world_size(group) == 1:
+        return
+    works = [comm.broadcast(p.detach(), group=group, group_src=0, async_op=True) for p in params]
+    for w in works:
+        w.wait()

@@ -1,8 +1,10 @@
-"""Runnable lessons: each measures one thing at world 2 on the CPU, prints a small table and
-checks one claim with an assertion (a failed claim exits non-zero).
+"""Runnable lessons: each measures one thing on the CPU (gloo, any number of ranks; CI runs
+N = 2 and N = 4), prints a small table and checks one claim with an assertion (a failed claim
+exits non-zero). What bytes, call counts, the order of events and memory decide must hold on
+every run; what only a clock decides may be missed in --small runs on a loaded machine.
 
     torchrun --standalone --nproc_per_node=2 -m recipes.lessons.<name> [--small]
-    torchrun --standalone --nproc_per_node=2 -m recipes.lessons --all [--small]   # every lesson, one launch
+    torchrun --standalone --nproc_per_node=4 -m recipes.lessons --all [--small]   # every lesson, one launch
 """
 
 LESSONS = (

@@ -1,16 +1,31 @@
 """What every lesson shares: the run context, a table printer, the one checked claim,
-timing across ranks, emulated accelerator compute and a peak-memory probe.
+timing across ranks, bytes counted by the kernel, emulated accelerator compute with a log
+of when it ran, and a peak-memory probe.
 
-A lesson is a module with a `run(ctx)` function: it measures, prints one small
-table on rank 0 and ends with ctx.claim(text, holds). All ranks compute the
-verdict from the same (all-reduced) numbers; ctx.claim takes the minimum over
-ranks anyway, so every rank agrees and a failed claim exits non-zero everywhere.
+A lesson is a module with a `run(ctx)` function and a `CLAIM` template: it measures,
+prints one small table on rank 0 and ends with ctx.claim(CLAIM.format(...), holds,
+timing_holds). `holds` is what bytes, call counts, the order of events and memory decide;
+`timing_holds` what a clock decides. All ranks compute the verdict from the same
+(all-reduced) numbers; ctx.claim takes the minimum over ranks anyway, so every rank agrees
+and a failed claim exits non-zero everywhere. The CLAIM template is also what
+tests/docs/test_drift.py holds the published claims to.
+
+Where the bytes come from. The trace (minidist.comm.trace) counts what each call should
+send under the ring model: a model, which proves nothing when compared with the same
+formula. So a byte claim is checked against kernel_bytes(): what the process really
+wrote to gloo's sockets, as Linux counts it (minidist.comm.kernel_io).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import importlib
+import inspect
+import re
 import statistics
+import string
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -20,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from minidist import runtime
+from minidist.comm import kernel_io
 from minidist.runtime import Topology
 
 
@@ -87,6 +103,28 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
+def mean_over_ranks(value: float) -> float:
+    t = torch.tensor(float(value), dtype=torch.float64)
+    dist.all_reduce(t, dist.ReduceOp.SUM)
+    return float(t.item()) / dist.get_world_size()
+
+
+def kernel_bytes(fn: Callable[[], object]) -> float:
+    """Bytes this process wrote while fn() ran, as the kernel counts them, averaged over ranks.
+
+    Linux's /proc/self/io (minidist.comm.kernel_io): everything gloo put on its sockets, all
+    threads included, a bare barrier pair subtracted. Not minidist's model of the collectives
+    but what really left each process. The mean over ranks is the per-rank cost of calls that
+    load ranks unevenly (a broadcast: the root sends, the last rank of the chain does not).
+    Every rank must call it; print nothing inside fn (stdout is a write too).
+    """
+    if not kernel_io.available():
+        raise RuntimeError("this lesson counts bytes with Linux's /proc/self/io, which this system lacks")
+    with kernel_io.written() as w:
+        fn()
+    return mean_over_ranks(w.bytes)
+
+
 def interleaved_times(fns: dict, repeats: int, warmup: int = 1,
                       stat: Callable[[list[float]], float] = statistics.median) -> dict:
     """Seconds of each fn (median of `repeats`, or `stat`), run in alternating order so that machine
@@ -105,6 +143,29 @@ def interleaved_times(fns: dict, repeats: int, warmup: int = 1,
     return {k: max_over_ranks(stat(v)) for k, v in times.items()}
 
 
+@dataclass
+class ComputeLog:
+    """When each emulated-compute sleep started (perf_counter, the clock comm.trace stamps
+    collectives with): the *order* of compute and communication, which no load can change."""
+
+    forward: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
+
+
+_LOGS: list[ComputeLog] = []
+
+
+@contextlib.contextmanager
+def compute_log():
+    """Record the start of every sleeping forward and backward inside the block."""
+    log = ComputeLog()
+    _LOGS.append(log)
+    try:
+        yield log
+    finally:
+        _LOGS.remove(log)
+
+
 class _Sleep(torch.autograd.Function):
     """Identity; forward sleeps `seconds`, backward twice that: compute that leaves the CPU free."""
 
@@ -112,11 +173,15 @@ class _Sleep(torch.autograd.Function):
     def forward(ctx, x, seconds: float, backward_only: bool):
         ctx.seconds = seconds
         if not backward_only:
+            for log in _LOGS:
+                log.forward.append(time.perf_counter())
             time.sleep(seconds)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
+        for log in _LOGS:
+            log.backward.append(time.perf_counter())
         time.sleep(2 * ctx.seconds)
         return grad, None, None
 
@@ -157,6 +222,41 @@ def peak_bytes(step: Callable[[], object], *tracked: object) -> int:
 
 
 MiB = 2 ** 20
+
+
+def claim_pattern(name: str) -> str:
+    """A regular expression matching every claim lesson `name` can print: its words, any values.
+
+    Read from the lesson's source (its ctx.claim(...) call: a CLAIM.format(...) template, an
+    f-string or a plain string), so the published claims can be held to the wording the code
+    prints today without running the lesson (tests/docs/test_drift.py).
+    """
+    tree = ast.parse(inspect.getsource(importlib.import_module(f"recipes.lessons.{name}")))
+    consts = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+              and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+              for t in node.targets if isinstance(t, ast.Name)}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "claim" and n.args]
+    if len(calls) != 1:
+        raise ValueError(f"lesson {name}: expected one ctx.claim(...) call, found {len(calls)}")
+    return _pattern(calls[0].args[0], consts)
+
+
+def _pattern(node: ast.expr, consts: dict[str, str]) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return re.escape(node.value)
+    if isinstance(node, ast.Name) and node.id in consts:
+        return re.escape(consts[node.id])
+    if isinstance(node, ast.JoinedStr):  # f"...": literal parts kept, every {value} any text
+        return "".join(_pattern(v, consts) if isinstance(v, ast.Constant) else "(.+?)" for v in node.values)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format"
+            and isinstance(node.func.value, (ast.Name, ast.Constant))):
+        template = consts[node.func.value.id] if isinstance(node.func.value, ast.Name) else node.func.value.value
+        return "".join(re.escape(lit) + ("(.+?)" if field is not None else "")
+                       for lit, field, _, _ in string.Formatter().parse(template))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _pattern(node.left, consts) + _pattern(node.right, consts)
+    raise ValueError(f"a claim's text must be a string, an f-string or TEMPLATE.format(...): {ast.unparse(node)}")
 
 
 def main_for(run: Callable[[Context], None], title: str) -> None:

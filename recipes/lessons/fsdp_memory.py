@@ -26,6 +26,8 @@ from recipes.lessons.common import Context, main_for, max_over_ranks, peak_bytes
 
 TITLE = "FSDP memory when parameters dominate vs when activations dominate"
 
+CLAIM = "full_shard's peak is {p:.2f}x no_shard's when parameters dominate, but {a:.2f}x when activations do"
+
 
 def measure(cfg: GPTConfig, batch: int, strategy: str, rank: int) -> int:
     torch.manual_seed(0)
@@ -59,8 +61,7 @@ def run(ctx: Context) -> None:
     ctx.say(f"GPT, fp32 AdamW, N = {ctx.world}; peak MiB of live tensors per rank during one step (MemTracker)")
     ctx.table(["regime", "layers x width, batch", "16 psi MiB", "no_shard peak", "full_shard peak", "ratio"], rows)
     p, a = ratio["parameters dominate"], ratio["activations dominate"]
-    ctx.claim(f"full_shard's peak is {p:.2f}x no_shard's when parameters dominate, but {a:.2f}x when activations do",
-              p < 0.75 and a > 0.85)
+    ctx.claim(CLAIM.format(p=p, a=a), p < 0.75 and a > 0.85)
 
 
 if __name__ == "__main__":

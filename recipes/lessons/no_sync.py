@@ -1,25 +1,37 @@
-"""`no_sync` must cover the forward too: DDP decides in forward whether the coming backward syncs.
+"""`no_sync`: DDP reads it in forward, FSDP in backward; around both is right for both.
 
     torchrun --standalone --nproc_per_node=2 -m recipes.lessons.no_sync
 
-Gradient accumulation over K micro-batches needs one all_reduce, not K: the first
-K-1 backwards should only add into p.grad. Both torch's DistributedDataParallel
-and minidist.DDP read the no_sync flag in *forward* (DDP.forward hands it to
-Reducer.prepare_for_forward), because that is where the reducer is armed for the
-backward to come. So
+Gradient accumulation over K micro-batches needs one gradient reduction, not K:
+the first K-1 backwards should only add into p.grad. Where the engine reads the
+no_sync flag decides what the context manager must cover.
 
-    with model.no_sync():                    # right: forward and backward inside
+DDP (torch's DistributedDataParallel and minidist.DDP) reads it in *forward*:
+DDP.forward hands it to Reducer.prepare_for_forward, which arms or disarms the
+reducer for the backward to come. So no_sync around the backward alone does
+nothing (the forward ran outside and armed the reducer), and around the forward
+alone is enough:
+
+    with model.no_sync():                    # right for every engine
         loss = model(x); loss.backward()
 
-    loss = model(x)                          # wrong: the forward ran outside, the
-    with model.no_sync():                    # reducer is armed, and this backward
-        loss.backward()                      # all_reduces anyway
+    loss = model(x)                          # DDP: the forward ran outside, the reducer
+    with model.no_sync():                    # is armed, and this backward all_reduces
+        loss.backward()                      # anyway (FSDP: right)
 
-The wrong form is silent: the gradient is still right (averaging is linear, so
-syncing every micro-batch and summing gives the same result), only the bytes and
-the time are K times larger. This lesson counts the all_reduces under each form,
-for minidist (minidist.comm.trace) and for torch (a counting comm hook), and
-compares the gradient with one process on the whole batch.
+minidist.FSDP reads it in each unit's *post_backward*, when the unit's gradients
+exist and their reduce_scatter would start (minidist.fsdp.unit), and once more at
+the end of backward: around the backward alone is enough there, around the forward
+alone does nothing. (torch's FSDP2 has no context manager: set_requires_gradient_sync
+is read in its post_backward too.)
+
+A wrong form is silent: the gradient is still right (averaging is linear, so
+reducing every micro-batch and summing gives the same result), only the bytes and
+the time are K times larger. This lesson counts, for each form, the micro-batches
+whose backward reduced gradients (minidist.comm.trace; a counting comm hook for
+torch's DDP), the bytes each process wrote (the kernel's count, which for FSDP
+includes its all_gathers), and compares the gradient with one process on the whole
+batch.
 """
 
 from __future__ import annotations
@@ -33,21 +45,35 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from minidist import DDP, comm
-from recipes.lessons.common import Context, main_for
+from minidist import DDP, FSDP, comm
+from recipes.lessons.common import Context, kernel_bytes, main_for
 
-TITLE = "no_sync around backward only vs around forward+backward"
+TITLE = "DDP reads no_sync in forward, FSDP in backward"
+
+CLAIM = ("around the backward only, DDP still reduces all {k} micro-batches ({ddp_bwd:.1f} MiB written, as "
+         "without no_sync) and FSDP once; around the forward only, DDP reduces once and FSDP {k} times; around "
+         "both, each reduces once ({ddp_both:.1f} MiB for DDP), with the gradient of one process on the whole "
+         "batch (error {err:.0e}); torch's DDP behaves as minidist's")
 
 FORMS = {
     "forward+backward": (True, True),
+    "forward only": (True, False),
     "backward only": (False, True),
     "not at all": (False, False),
 }
 """Which of (forward, backward) of the first K-1 micro-batches run inside no_sync."""
 
+ENGINES = ("minidist DDP", "torch DDP", "minidist FSDP")
 
-def accumulate(model, xs, ys, in_fwd: bool, in_bwd: bool) -> None:
-    k = len(xs)
+EXPECTED = {  # micro-batches whose backward reduces, out of K: where each engine reads the flag
+    "DDP": {"forward+backward": 1, "forward only": 1, "backward only": "K", "not at all": "K"},
+    "FSDP": {"forward+backward": 1, "forward only": "K", "backward only": 1, "not at all": "K"},
+}
+
+
+def accumulate(model, xs, ys, in_fwd: bool, in_bwd: bool, reduced) -> int:
+    """K micro-batches; returns how many backwards reduced gradients (`reduced(backward)` tells)."""
+    k, count = len(xs), 0
     for i, (x, y) in enumerate(zip(xs, ys)):
         last = i == k - 1
         fctx = model.no_sync() if in_fwd and not last else contextlib.nullcontext()
@@ -55,11 +81,40 @@ def accumulate(model, xs, ys, in_fwd: bool, in_bwd: bool) -> None:
         with fctx:
             loss = nn.functional.mse_loss(model(x), y) / k
         with bctx:
-            loss.backward()
+            count += reduced(loss.backward)
+    return count
 
 
-def grads(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+def traced_reduction(backward) -> bool:
+    """Run backward; did it issue a gradient reduction (minidist engines)?"""
+    with comm.trace() as t:
+        backward()
+    return any(r.op in ("all_reduce", "reduce_scatter") for r in t.records)
+
+
+def local_grad(engine: str, model: nn.Module) -> torch.Tensor:
+    """This rank's gradient as one flat vector: everything (DDP), or this rank's rows of every parameter's (FSDP)."""
+    params = model.module.parameters() if engine.endswith("DDP") else model.parameters()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def run_form(engine: str, net: nn.Module, xs, ys, form: str) -> tuple[int, float, torch.Tensor, nn.Module]:
+    in_fwd, in_bwd = FORMS[form]
+    if engine == "torch DDP":
+        model = TorchDDP(copy.deepcopy(net))
+        counted: list[int] = []
+        model.register_comm_hook(dist.group.WORLD, _counting_hook(counted))
+
+        def reduced(backward) -> bool:
+            before = len(counted)
+            backward()
+            return len(counted) > before
+    else:
+        model = DDP(copy.deepcopy(net)) if engine == "minidist DDP" else FSDP(copy.deepcopy(net))
+        reduced = traced_reduction
+    box = {}
+    written = kernel_bytes(lambda: box.update(n=accumulate(model, xs, ys, in_fwd, in_bwd, reduced)))
+    return box["n"], written, local_grad(engine, model), model
 
 
 def run(ctx: Context) -> None:
@@ -76,35 +131,31 @@ def run(ctx: Context) -> None:
     ref = copy.deepcopy(net)
     nn.functional.mse_loss(ref(xs_all.transpose(0, 1).reshape(-1, width)),
                            ys_all.transpose(0, 1).reshape(-1, width)).backward()
-    want = grads(ref)
-    rows, seen = [], {}
-    for engine in ("minidist", "torch"):
-        for form, (in_fwd, in_bwd) in FORMS.items():
-            if engine == "minidist":
-                model = DDP(copy.deepcopy(net))
-                with comm.trace() as t:
-                    accumulate(model, xs, ys, in_fwd, in_bwd)
-                calls = sum(r.op == "all_reduce" for r in t.records)
-                sent = sum(r.sent_bytes for r in t.records if r.op == "all_reduce")
+    want = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
+    rows, seen, ok = [], {}, True
+    for engine in ENGINES:
+        for form in FORMS:
+            count, written, grad, model = run_form(engine, net, xs, ys, form)
+            if engine == "minidist FSDP":  # this rank's rows of every parameter's gradient (p.shard_spec)
+                grads = dict(ref.named_parameters())
+                want_here = torch.cat([grads[p.shard_spec.fqn].grad[slice(*p.shard_spec.row_range())].reshape(-1)
+                                       for p in model.parameters()])
             else:
-                model = TorchDDP(copy.deepcopy(net))
-                counted: list[int] = []
-                model.register_comm_hook(dist.group.WORLD, _counting_hook(counted))
-                accumulate(model, xs, ys, in_fwd, in_bwd)
-                calls, sent = len(counted), sum(2 * b * (n - 1) // n for b in counted)
-            err = (grads(model.module) - want).abs().max().item()
-            seen[engine, form] = (sent, err)
-            rows.append([engine, form, calls, sent / 2**20, f"{err:.1e}"])
+                want_here = want
+            err = (grad - want_here).abs().max().item()
+            expected = EXPECTED[engine.split()[-1]][form]
+            ok &= count == (k if expected == "K" else expected) and err < 1e-5
+            seen[engine, form] = (written, err)
+            rows.append([engine, form, f"{count} of {k}", written / 2**20, f"{err:.1e}"])
     ctx.say(f"K = {k} micro-batches per rank, N = {n}, S = {S / 2**20:.2f} MiB of gradients; no_sync around the "
-            f"first K-1 micro-batches; error = max |grad - one process on the whole batch|")
-    ctx.table(["engine", "no_sync covers", "all_reduce calls", "sent MiB", "error"], rows)
-    right, wrong = seen["minidist", "forward+backward"], seen["minidist", "backward only"]
-    ctx.claim(f"no_sync around backward only sends {wrong[0] / right[0]:.0f}x the bytes of no_sync around "
-              f"forward+backward ({wrong[0] / 2**20:.1f} vs {right[0] / 2**20:.1f} MiB), the same as no no_sync at "
-              f"all, with the same gradient (error {wrong[1]:.0e}); torch's DDP behaves alike",
-              wrong[0] == k * right[0] == seen["minidist", "not at all"][0]
-              and all(e < 1e-5 for _, e in seen.values())
-              and seen["torch", "backward only"][0] == wrong[0] and seen["torch", "forward+backward"][0] == right[0])
+            f"first K-1 micro-batches; reduced: micro-batches whose backward reduced gradients; written: bytes per "
+            f"rank the kernel saw (FSDP's include its all_gathers); error = max |grad - one process on the whole batch|")
+    ctx.table(["engine", "no_sync covers", "reduced", "written MiB", "error"], rows)
+    ddp = {form: seen["minidist DDP", form][0] for form in FORMS}
+    ok &= abs(ddp["backward only"] / ddp["forward+backward"] - k) < 0.01 * k
+    ok &= all(abs(seen["torch DDP", f][0] / ddp[f] - 1) < 0.01 for f in FORMS)
+    ctx.claim(CLAIM.format(k=k, ddp_bwd=ddp["backward only"] / 2**20, ddp_both=ddp["forward+backward"] / 2**20,
+                           err=max(e for _, e in seen.values())), ok)
 
 
 def _counting_hook(counted: list[int]):

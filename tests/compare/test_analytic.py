@@ -18,12 +18,13 @@ NODE = Cluster("dgx", 8, 2e-6, 450e9, 8e-6, 50e9, 8)  # 8 GPUs, NVLink 450 GB/s,
 def test_closed_forms_on_an_evenly_divisible_layout(n):
     s = 4 * EVEN.psi  # bytes; every unit and bucket divides by 2..16 (96, 1200, 1296 are multiples of 48)
     sent = {name: ring_bytes(plan(name, EVEN, n, grad_clip=False)) for name in
-            ("ddp", "zero1", "shard_grad_op", "full_shard", "no_shard")}
+            ("ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "no_shard")}
     assert sent["ddp"] == 2 * s * (n - 1) // n
     assert sent["shard_grad_op"] == sent["ddp"] == sent["no_shard"]
     root = 4 * EVEN.unit_numels[0]  # the root (first) stays gathered into backward: one gather less
     assert sent["full_shard"] == (3 * s - root) * (n - 1) // n           # 1.5x DDP less the root's re-gather
-    assert sent["zero1"] == 3 * s * (n - 1) // n                         # + broadcasts: N-1 of N ranks send each share
+    assert sent["zero1"] == sent["zero2"] == sent["ddp"]                # reduce_scatter + all_gather: an all_reduce
+    assert sent["zero1_broadcast"] == 3 * s * (n - 1) // n               # + broadcasts: N-1 of N ranks send each share
     calls = calls_by_op(plan("full_shard", EVEN, n))
     assert calls == {"all_gather": 5, "reduce_scatter": 3, "all_reduce": 1}  # + the clip all_reduce
 
@@ -37,9 +38,12 @@ def test_padding_hybrid_phases_and_dtypes():
     assert [c.group_size for c in ar] == [2, 2, 2] and [c.payload for c in ar] == [96, 1200, 1200]  # S_unit / G bytes
     assert all(c.ranks_spanned == 8 for c in ar)  # a replica group holds one rank per shard group
     assert ring_bytes(hybrid) == (3 * 4 * EVEN.psi - 4 * 96) * 3 // 4 + 2 * (4 * EVEN.psi // 4) // 2
-    phases = {(c.op, c.phase) for c in plan("full_shard", EVEN, 4) + plan("zero1", EVEN, 4)}
+    phases = {(c.op, c.phase) for c in plan("full_shard", EVEN, 4) + plan("zero1_broadcast", EVEN, 4)}
     assert phases == {("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward"),
                       ("all_reduce", "after"), ("all_reduce", "backward"), ("broadcast", "after")}
+    zero = plan("zero2", EVEN, 4)  # per bucket a reduce_scatter in backward, an all_gather after step; the clip
+    assert [(c.op, c.phase) for c in zero] == [("reduce_scatter", "backward"), ("all_gather", "after")] * 2 + [
+        ("all_reduce", "after")]
     bf16 = Layout(EVEN.param_numels, EVEN.unit_numels, EVEN.bucket_numels, itemsize=4, param_itemsize=2)
     ag, rs = (sum(c.payload for c in plan("full_shard", bf16, 4) if c.op == op) for op in ("all_gather", "reduce_scatter"))
     assert ag == 2 * (2 * sum(EVEN.unit_numels) - 96) and rs == 4 * sum(EVEN.unit_numels)  # gathered bf16, reduced fp32
@@ -84,7 +88,8 @@ def test_calibrated_is_this_machines_one_link():
 
 
 def test_verdicts_follow_each_strategys_window():
-    """DDP hides behind backward only; ZeRO-1's broadcasts behind nothing; FSDP's gathers behind forward too."""
+    """DDP hides behind backward only; ZeRO-1's parameter all_gather (after step) behind nothing; FSDP's gathers
+    behind forward too."""
     lay = Layout.uniform(1e9, 16, 25 * 2**20)
     subj = Subject("1B", {s: lay for s in ("ddp", "zero1", "full_shard")}, forward_s=0.05, backward_s=0.1,
                    memory=lambda s, n: 16e9 / (n if s == "full_shard" else 1), clusters=("dgx",))

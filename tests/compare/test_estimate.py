@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_zero_paper_figure_1_from_the_command_line():
     """Psi = 7.5B, N = 64, K = 12, fp16 parameters and gradients: 120, 31.4, 16.6, 1.9 GB."""
     gb = {s: model_state_bytes(7.5e9, s, 64, 2, 2, 12)["total"] / 1e9
-          for s in ("ddp", "zero1", "shard_grad_op", "full_shard")}
-    assert [round(gb[s], 1) for s in ("ddp", "zero1", "shard_grad_op", "full_shard")] == [120.0, 31.4, 16.6, 1.9]
+          for s in ("ddp", "zero1", "zero2", "full_shard")}
+    assert [round(gb[s], 1) for s in ("ddp", "zero1", "zero2", "full_shard")] == [120.0, 31.4, 16.6, 1.9]
     out = subprocess.run([sys.executable, "-m", "recipes.compare", "--estimate", "estimate.params=7.5e9",
-                          "estimate.worlds=[64]", "strategies=[ddp,zero1,shard_grad_op,full_shard]"],
+                          "estimate.worlds=[64]", "strategies=[ddp,zero1,zero2,shard_grad_op,full_shard]"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     rows = {line.split()[0]: line.split()[-1] for line in out.splitlines()[2:]}
-    assert rows == {"ddp": "120.0", "zero1": "31.4", "shard_grad_op": "16.6", "full_shard": "1.9"}, out
+    assert rows == {"ddp": "120.0", "zero1": "31.4", "zero2": "16.6", "shard_grad_op": "16.6", "full_shard": "1.9"}, out
     assert "GB" in out.splitlines()[0] and "p = 2, g = 2, K = 12" in out.splitlines()[0]
 
 
@@ -72,8 +72,11 @@ def test_profile_and_estimate_structure():
     assert fs[0] > fs[1] > fs[2]                          # shards shrink as 1/N (plus padding)
     z = estimate_memory(prof, "zero1", 4)
     assert z.by_role["optimizer"] < ddp4.by_role["optimizer"] and z.by_role["parameters"] == ddp4.by_role["parameters"]
-    zero_rows = held(prof, "zero1", 4)
+    zero_rows = held(prof, "zero1_broadcast", 4)
     assert [h.at.stage for h in zero_rows if h.at.phase == "optimizer"] == [0, 1]  # the update, then the broadcasts
+    z1, z2 = (estimate_memory(prof, s, 4, bucket_cap_mb=0.002) for s in ("zero1", "zero2"))  # several buckets
+    assert z2.by_role["optimizer"] == z1.by_role["optimizer"] and z2.total < z1.total  # + gradients sharded
+    assert z.total == estimate_memory(prof, "zero2", 4).total  # one bucket: its whole gradient is alive in backward
     native = held(prof, "full_shard", 2, backend="gloo")
     assert all(h.at.phase != "post_backward" or h.at.stage == 1 for h in native)   # minidist's ring keeps no clone
     with pytest.raises(ValueError, match="unknown strategy"):
@@ -86,7 +89,7 @@ def test_estimate_recipe_prints_every_strategy_and_world():
     out = estimate_table(compose(["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8",
                                   "trainer.batch_size=2", "estimate.worlds=[1,4]"])).splitlines()
     assert "N=4" in out[1] and [line.split()[0] for line in out[2:]] == [
-        "ddp", "zero1", "shard_grad_op", "full_shard", "hybrid_shard"]
+        "ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard"]
 
 
 def test_config_errors_are_one_line():

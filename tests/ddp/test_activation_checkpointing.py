@@ -1,5 +1,5 @@
 """Activation checkpointing (GPTConfig.activation_checkpointing: non-reentrant checkpoint around
-every Block call) under minidist.DDP and ZeRO-1 (DDP + ShardedOptimizer): K AdamW steps equal
+every Block call) under minidist.DDP, ZeRO-1 and ZeRO-2 (ShardedOptimizer): K AdamW steps equal
 one process without checkpointing, and the recompute really runs."""
 
 from __future__ import annotations
@@ -43,22 +43,22 @@ def _body() -> dict:
             p.grad.div_(world)
         ref_opt.step()
     out = {}
-    for name in ("ddp", "zero1"):
-        model = DDP(_gpt(True))
+    for name in ("ddp", "zero1", "zero2"):
+        model = DDP(_gpt(True)) if name == "ddp" else _gpt(True)
         opt = (torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-6) if name == "ddp" else
-               ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2, eps=1e-6))
+               ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2, eps=1e-6, stage=int(name[-1])))
         attn_calls = [0]
-        for b in model.module.blocks:
+        for b in getattr(model, "module", model).blocks:
             b.attn.register_forward_pre_hook(lambda *_: attn_calls.__setitem__(0, attn_calls[0] + 1))
         for x, y in _batches():
             opt.zero_grad()
             model(rank_slice(x), rank_slice(y))[1].backward()
             opt.step()
-        out[name] = (_max_diff(model.module, ref), attn_calls[0])
+        out[name] = (_max_diff(getattr(model, "module", model), ref), attn_calls[0])
     return out
 
 
-def test_checkpointed_ddp_and_zero1_match_one_process(run_dist):
+def test_checkpointed_ddp_and_zero_match_one_process(run_dist):
     for per_rank in run_dist(2, _body):
         for name, (diff, attn_calls) in per_rank.items():
             assert diff < 1e-6, (name, diff)

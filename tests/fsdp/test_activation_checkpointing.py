@@ -105,7 +105,7 @@ def run_fsdp(placement: str | None, strategy: str, prefetch: bool) -> dict:
             model(rank_slice(x), rank_slice(y))[1].backward()
         calls.append({op: int(row["calls"]) for op, row in tr.totals().items()})
         assert all(u.sharded_state is ShardedState.SHARDED and u.training_state is TrainingState.IDLE
-                   and not u.flat.is_allocated for u in model.units), model.units
+                   and not u.shards.is_allocated for u in model.units), model.units
         opt.step()
     return {"params": model.full_state_dict(rank0_only=False), "calls": calls, "attn_calls": attn_calls[0],
             "units": len(model.units), "peak": model.peak_unsharded_units}

@@ -52,7 +52,7 @@ def body_peak_unsharded() -> dict:
         model._schedule.peak_live = 0
         model(x).sum().backward()
         out[(fwd, bwd, k)] = model.peak_unsharded_units
-        assert not any(u.flat.is_allocated for u in model.units), "unsharded buffers alive after backward"
+        assert not any(u.shards.is_allocated for u in model.units), "unsharded buffers alive after backward"
     return out
 
 
@@ -72,12 +72,12 @@ def body_last_unit_kept() -> dict:
     out = {}
     for step in ("first", "second"):
         loss = model(x).sum()
-        out[step, "after forward"] = [u.flat.is_allocated for u in model.units[1:]]
+        out[step, "after forward"] = [u.shards.is_allocated for u in model.units[1:]]
         loss.backward()
-        out[step, "after backward"] = [u.flat.is_allocated for u in model.units[1:]]
+        out[step, "after backward"] = [u.shards.is_allocated for u in model.units[1:]]
     with torch.no_grad():
         model(x)
-    out["no_grad forward"] = [u.flat.is_allocated for u in model.units[1:]]
+    out["no_grad forward"] = [u.shards.is_allocated for u in model.units[1:]]
     return out
 
 

@@ -87,7 +87,7 @@ def _at_one(out: str, strategy: str) -> dict:
                  "resume=auto"] + ELASTIC)["model_state"]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "full_shard"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "full_shard"])
 def test_checkpoint_of_two_processes_resumes_at_one(run_dist, tmp_path, strategy):
     whole = run_dist(2, _at_two, str(tmp_path), strategy, timeout=180)[0]
     resumed = run_dist(1, _at_one, str(tmp_path), strategy, timeout=180)[0]

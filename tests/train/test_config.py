@@ -4,9 +4,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from minidist.train.compose import ConfigError, compose_config
-from minidist.train.config import GROUPS, DDPStrategy, FSDPStrategy, HybridShardStrategy, SingleStrategy, Zero1Strategy
+from minidist.train.config import GROUPS, DDPStrategy, FSDPStrategy, HybridShardStrategy, SingleStrategy, ZeroStrategy
 
-STRATEGIES = {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": Zero1Strategy, "shard_grad_op": FSDPStrategy,
+STRATEGIES = {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": ZeroStrategy, "zero2": ZeroStrategy,
+              "zero1_broadcast": ZeroStrategy, "shard_grad_op": FSDPStrategy,
               "full_shard": FSDPStrategy, "no_shard": FSDPStrategy, "hybrid_shard": HybridShardStrategy}
 
 

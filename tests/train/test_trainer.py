@@ -13,7 +13,7 @@ from minidist.train import compose_config, train
 from minidist.train.metrics import read_metrics
 from tests.faults import stop_after
 
-STRATEGIES = ["ddp", "zero1", "shard_grad_op", "full_shard", "no_shard", "hybrid_shard"]
+STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "no_shard", "hybrid_shard"]
 TINY = ["experiment=gpt_tiny", "trainer.steps=16", "trainer.eval_interval=0", "trainer.log_interval=4",
         "data.max_bytes=200000"]
 

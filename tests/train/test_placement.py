@@ -1,0 +1,126 @@
+"""What is split where: the global gradient norm over any layout, and the whole model from its slices.
+
+Tensor parallelism is not merged yet, so its parameters are sharded by hand here: each rank
+holds a slice of a seeded whole tensor and declares it (minidist.mesh.shard_param), exactly
+what a tensor-parallel layer does. The references are whole tensors on one process.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from minidist import runtime
+from minidist.mesh import DP, TP, ParallelDims, shard_param
+from minidist.models import Block
+from minidist.train import compose_config
+from minidist.train.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
+from minidist.train.placement import global_norm
+
+WHOLE = {"col": (6, 5), "row": (4, 6), "norm": (5,), "both": (8, 3)}
+"""A column-parallel weight (split over tp along dim 0), a row-parallel one (dim 1), a replicated
+norm, and a parameter split over tp (dim 0) and then over dp as a 1-D shard (FSDP on top of TP)."""
+
+
+def _whole(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(*shape, generator=g) for k, shape in WHOLE.items()}
+
+
+def _hand_sharded(layout) -> nn.ParameterDict:
+    """This rank's slices of _whole(), as parameters whose gradients are the same slices of _whole(1)."""
+    tp, dp = layout.coordinate.get(TP, 0), layout.coordinate.get(DP, 0)
+    n_tp, n_dp = layout.size(TP), layout.size(DP)
+
+    def cut(t: dict) -> dict:
+        both = t["both"].chunk(n_tp, 0)[tp].reshape(-1)
+        return {"col": t["col"].chunk(n_tp, 0)[tp], "row": t["row"].chunk(n_tp, 1)[tp], "norm": t["norm"],
+                "both": both.chunk(n_dp)[dp]}
+    params = nn.ParameterDict({k: nn.Parameter(v.clone()) for k, v in cut(_whole(0)).items()})
+    for k, g in cut(_whole(1)).items():
+        params[k].grad = g.clone()
+    shard_param(params["col"], TP, 0)
+    shard_param(params["row"], TP, 1)
+    shard_param(shard_param(params["both"], TP, 0), DP, None)
+    return params
+
+
+def _norms() -> dict:
+    runtime.init("gloo")
+    layout = ParallelDims.infer(4, tp=2).build("cpu")  # dp 2 x tp 2
+    params = _hand_sharded(layout)
+    out = {"l2": global_norm(list(params.values()), layout).item(),
+           "inf": global_norm(list(params.values()), layout, math.inf).item()}
+    before = {k: p.grad.clone() for k, p in params.items()}
+    out["returned"] = clip_grad_norm_(params, 1.0, layout).item()
+    out["after"] = global_norm(list(params.values()), layout).item()
+    out["scale"] = [(p.grad / before[k]).flatten().tolist() for k, p in params.items() if p.grad.numel()]
+    return out
+
+
+def test_norm_sums_slices_over_their_dimensions_and_replicas_once(run_dist):
+    grads = torch.cat([g.flatten() for g in _whole(1).values()])
+    want_l2, want_inf = grads.norm().item(), grads.abs().max().item()
+    for got in run_dist(4, _norms):
+        assert math.isclose(got["l2"], want_l2, rel_tol=1e-6), (got["l2"], want_l2)
+        assert got["inf"] == want_inf
+        assert math.isclose(got["returned"], want_l2, rel_tol=1e-6)
+        assert math.isclose(got["after"], 1.0, rel_tol=1e-5)  # clipped to max_norm, over the whole model
+        scale = [s for per_param in got["scale"] for s in per_param]
+        assert max(scale) - min(scale) < 1e-6 and math.isclose(scale[0], 1.0 / want_l2, rel_tol=1e-5)
+
+
+STRATEGIES = {"ddp": [], "zero1": [], "full_shard": [], "no_shard": [],
+              "hybrid_shard": ["strategy.shard_size=2"]}
+
+
+def _engine_norms() -> dict:
+    """Each strategy's clip_grad_norm_ after one backward on this rank's quarter of a global batch."""
+    topo = runtime.init("gloo")
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 256, (8, 17), generator=g)
+    x, y = idx[:, :-1], idx[:, 1:]
+    out = {}
+    for name, extra in STRATEGIES.items():
+        cfg = compose_config(["experiment=gpt_tiny", f"strategy={name}", "model.block_size=16", *extra])
+        torch.manual_seed(0)
+        plain = _gpt(cfg)
+        if name == "ddp":  # the reference: one process, the whole batch
+            plain(x, y)[1].backward()
+            out["one process"] = torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()]).item()
+        layout = build_layout(cfg.strategy, topo)
+        torch.manual_seed(0)
+        model = parallelize(_gpt(cfg), layout, cfg.strategy, (Block,))
+        opt = build_optimizer(model, layout, cfg.strategy, cfg.optim)  # ZeRO's hooks and partitions live here
+        r = slice(2 * layout.dp_rank, 2 * layout.dp_rank + 2)
+        model(x[r], y[r])[1].backward()
+        out[name] = clip_grad_norm_(model, 1e9, layout, opt).item()
+        out[name + " sharded"] = sorted({tuple(getattr(p, "sharded_over", {})) for p in unwrap(model).parameters()})
+    return out
+
+
+def _gpt(cfg):
+    from minidist.train.task import make_task
+    return make_task(cfg.model).build()[0]
+
+
+def test_every_strategy_clips_the_whole_models_norm(run_dist):
+    for got in run_dist(4, _engine_norms):
+        for name in STRATEGIES:
+            assert math.isclose(got[name], got["one process"], rel_tol=1e-5), (name, got[name], got["one process"])
+        assert got["full_shard sharded"] == [("dp",)] and got["hybrid_shard sharded"] == [("shard",)]
+        assert got["ddp sharded"] == [()] and got["no_shard sharded"] == [()]
+
+
+def test_declarations_survive_a_wrapper_that_makes_new_parameters():
+    from minidist.train.placement import by_name, redeclare
+    before = nn.Linear(4, 4)
+    shard_param(before.weight, TP, 0)  # a tensor-parallel slice, declared before wrapping
+    declared = by_name(before)
+    silent = nn.Linear(4, 4)  # the wrapper's new parameters, nothing declared: it split them all
+    redeclare(silent, declared, (DP,))
+    assert (silent.weight.sharded_over, silent.bias.sharded_over) == ({TP: 0, DP: None}, {DP: None})
+    speaking = nn.Linear(4, 4)  # a wrapper that declares: its undeclared parameters are whole
+    shard_param(speaking.weight, DP, 0)
+    redeclare(speaking, declared, (DP,))
+    assert (speaking.weight.sharded_over, speaking.bias.sharded_over) == ({TP: 0, DP: 0}, {})
