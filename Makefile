@@ -13,14 +13,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
 	@touch $(STAMP)
 
+# torchrun through minidist.recipes.torchrun: the workers' exit status (64: a bad input, 75: preempted),
+# and no launcher traceback after their one-line error.
+TORCHRUN := OMP_NUM_THREADS=1 $(PY) -m minidist.recipes.torchrun --standalone --nproc_per_node=$(NPROC)
+
 train: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m recipes.train $(ARGS)
+	$(TORCHRUN) -m recipes.train $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 tour: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) recipes/collectives_tour.py
+	$(TORCHRUN) recipes/collectives_tour.py
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

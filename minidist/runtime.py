@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -35,12 +37,15 @@ and "preempted, requeue" (75, minidist.train.preemption.EXIT_PREEMPTED)."""
 
 class UsageError(ValueError):
     """A bad input: the same on every rank (it comes from the command line, the config, or a decision
-    the main process broadcast), so exit_on_error prints it once, from rank 0, and exits EXIT_USAGE."""
+    the main process broadcast), so exit_on_error prints it once (local rank 0) and exits EXIT_USAGE."""
 
 
 EXIT_STATUS_DIR_ENV = "MINIDIST_EXIT_STATUS_DIR"
 """Set by minidist.recipes.torchrun: exit_process records this worker's status there (file rank<RANK>),
 the one thing torchrun cannot tell its caller after it was signalled."""
+
+USAGE_QUIET_WAIT_S = 30.0
+"""How long a rank that does not print a UsageError waits for torchrun to end it (see _wait_for_the_speaker)."""
 
 _made_group = False
 """Whether this process ever created a process group (then it must end through exit_process)."""
@@ -235,17 +240,26 @@ def _say(line: str) -> None:
 
 
 def _speaks_for_all() -> bool:
-    """Global rank 0 on torchrun's first attempt (or a process outside torchrun): the one that
-    reports a UsageError, which every rank of every attempt would report alike."""
-    rank = dist.get_rank() if dist.is_initialized() else _env_int("RANK", 0)
-    return rank == 0 and _env_int("TORCHELASTIC_RESTART_COUNT", 0) == 0
+    """Local rank 0 on torchrun's first attempt (or a process outside torchrun): the one process per
+    node that reports a UsageError, which every rank of every attempt would report alike."""
+    return _env_int("LOCAL_RANK", 0) == 0 and _env_int("TORCHELASTIC_RESTART_COUNT", 0) == 0
+
+
+def _wait_for_the_speaker() -> None:
+    """A rank that stays quiet about a UsageError lets local rank 0 say it first: if this rank exited
+    at once, torchrun would SIGTERM the others, local rank 0 perhaps before it printed. torchrun
+    ends this wait (SIGTERM, its default action) as soon as the speaker has exited."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a preemption handler must not catch torchrun's SIGTERM
+    time.sleep(USAGE_QUIET_WAIT_S)
 
 
 def exit_on_error(exc: BaseException) -> None:
     """Print one line naming the error and exit, without a stack trace.
 
-    A UsageError (a bad input: the same on every rank) is printed once, by rank 0 on
-    torchrun's first attempt, and exits EXIT_USAGE on every rank; any other error is
+    A UsageError (a bad input: the same on every rank) is printed once per node, by local rank 0
+    on torchrun's first attempt, and exits EXIT_USAGE on every rank; any other error is
     printed by each rank that meets it ("[rank r/N] error: ..."), and exits 1. Set
     MINIDIST_TRACEBACK=1 to see the full trace. The flight recorder dumps this rank's last
     collectives first, and a backend timeout is reported as the collective that did not
@@ -263,4 +277,6 @@ def exit_on_error(exc: BaseException) -> None:
         message = str(exc).strip().split("\n", 1)[0]
         _say(f"{rank_prefix() if not usage else ''}error: {type(exc).__name__}: {message}")
     shutdown()
+    if usage and not _speaks_for_all():
+        _wait_for_the_speaker()
     exit_process(EXIT_USAGE if usage else 1)

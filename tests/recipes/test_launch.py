@@ -11,9 +11,8 @@ from pathlib import Path
 from minidist.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TINY = ["experiment=gpt_tiny", "trainer.steps=12", "trainer.log_interval=2", "data.max_bytes=200000"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", TORCHRUN=str(BIN / "torchrun"), PYTHONWARNINGS="default")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, PYTHONWARNINGS="default")
 
 
 def _free_port() -> int:
