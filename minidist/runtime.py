@@ -11,6 +11,12 @@ world of one in this process, so the same script runs with and without torchrun.
 Backend "auto" picks nccl on cuda:LOCAL_RANK when CUDA is available and gloo on
 the CPU otherwise. The device is set *before* init_process_group, because NCCL
 binds its communicator to the current device when it is created.
+
+Ending a program: run_main(body) runs a recipe's body and ends the process with its
+status through exit_process (a process that ran gloo must not reach the interpreter's
+teardown: see there). An error is one line (exit_on_error): a UsageError (a bad input,
+the same on every rank) once per node and exit 64 (EXIT_USAGE), any other error once
+per rank that met it and exit 1.
 """
 
 from __future__ import annotations
@@ -186,9 +192,12 @@ def exit_process(code: int = 0) -> None:
     finalizing, and a thread that asks for the GIL then is ended by pthread_exit, whose
     unwinding through the Work's destructor calls std::terminate: "terminate called without
     an active exception", exit -6 (seen with torch 2.14 + gloo: after a plain all_reduce, a
-    few runs in ten; torchrun then counts a finished run as a crash). Everything the
-    program owns (process group, logger, files) is closed before this, so skipping the
-    teardown loses nothing.
+    few runs in ten; torchrun then counts a finished run as a crash). destroy_process_group
+    does not prevent it: the group lives on while anything (a Topology, a mesh) refers to it,
+    and its threads with it (the race of pytorch/pytorch#179291). Everything the program owns
+    (process group, logger, files) is closed before this, so skipping the teardown loses
+    nothing. Any script of your own that ran gloo collectives should end so too (or run its
+    main through run_main).
     """
     status_dir = os.environ.get(EXIT_STATUS_DIR_ENV)
     if status_dir:
@@ -216,10 +225,10 @@ def run_main(body: Callable[[], int | None]) -> None:
         code = body()
     except KeyboardInterrupt:
         exit_on_error(KeyboardInterrupt("interrupted"))
-    except SystemExit as exc:  # argparse's --help (0) or usage error (2)
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            _say(str(exc.code))
+    except SystemExit as exc:  # argparse's --help (0) or its usage error (2), printed already
+        if isinstance(exc.code, str):
+            _say(exc.code)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except Exception as exc:  # noqa: BLE001 - one line; MINIDIST_TRACEBACK=1 for the trace
         exit_on_error(exc)
     shutdown()

@@ -7,10 +7,13 @@
     torchrun ... -m minidist.recipes.train --multirun strategy=ddp,full_shard model.n_layer=2,4
 
 Arguments are Hydra overrides of configs/config.yaml (groups: strategy, model, data,
-optim, trainer, logger, experiment) and Hydra's flags. In this order:
+optim, trainer, logger, experiment) and Hydra's flags (minidist.recipes.hydra_cli). In this order:
 
 1. Every job of the command line (one, or each job of a --multirun sweep) is composed
-   and checked first: a mistake is one line, before any process group or file exists.
+   and checked first, its model built on the meta device and its layout checked against
+   the world: a mistake is one line (ConfigError, a runtime.UsageError: printed once, exit
+   64), before any process group or file exists. minidist.recipes.torchrun runs the same
+   check (check_command_line) before it starts any worker.
 2. The process group is created once per process (torchrun's environment, or a world
    of one), with the backend and timeout the jobs agree on.
 3. Hydra runs the jobs: the informational flags through Hydra's own `_run_hydra`, a
@@ -18,9 +21,9 @@ optim, trainer, logger, experiment) and Hydra's flags. In this order:
    the same jobs in the same order; see minidist.train.jobs), a single run through the
    same per-job runner. Each job trains in its own directory (hydra.run.dir, or
    hydra.sweep.dir/hydra.sweep.subdir), which only the main process writes.
-
-Hydra's flags and plugins are reached through hydra._internal (hydra-core is pinned to 1.3;
-tests/recipes/test_hydra.py covers every path).
+4. The process ends through runtime.run_main with the job's status: 0; 75 preempted after
+   a checkpoint; 64 a bad input; 1 an error (one line per rank; MINIDIST_TRACEBACK=1 for
+   the trace).
 """
 
 from __future__ import annotations
