@@ -78,8 +78,16 @@ def _precheck(args, torchrun) -> None:
 
 
 def _failed_status(exc) -> int:
-    """The first failed worker's status; one line if a signal ended it (it could not speak)."""
-    rank, failure = exc.get_first_failure()
+    """The status of the worker that failed first by itself; one line if a signal ended it (it could not
+    speak). torchrun SIGTERMs the other workers after a failure, within the same second (its
+    timestamps' resolution), so a worker that exited with a status, then one killed by another
+    signal, come before those it ended."""
+    def cause(item):
+        rank, failure = item
+        code = failure.exitcode
+        return (0 if code > 0 else 1 if code != -signal.SIGTERM else 2), failure.timestamp, rank
+
+    rank, failure = min(exc.failures.items(), key=cause)
     if failure.exitcode >= 0:
         return failure.exitcode or 1
     sig = -failure.exitcode
