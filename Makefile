@@ -4,7 +4,11 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.minidist-installed
 # Processes per node: every GPU when nvidia-smi sees some (nccl), else 2 CPU processes (gloo).
-NPROC ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$${n:-0}" -gt 0 ] && echo $$n || echo 2)
+GPUS  := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+NPROC ?= $(if $(filter-out 0,$(GPUS)),$(GPUS),2)
+# On GPUs the main job does more work in similar time (configs/experiment/main_gpu.yaml), unless
+# ARGS choose an experiment themselves.
+MAIN  := $(if $(and $(filter-out 0,$(GPUS)),$(if $(findstring experiment=,$(ARGS)),,yes)),experiment=main_gpu)
 
 .PHONY: train test tour docs docs-serve
 
@@ -18,7 +22,7 @@ $(STAMP): pyproject.toml
 TORCHRUN := OMP_NUM_THREADS=1 $(PY) -m minidist.recipes.torchrun --standalone --nproc_per_node=$(NPROC)
 
 train: $(STAMP)
-	$(TORCHRUN) -m recipes.train $(ARGS)
+	$(TORCHRUN) -m recipes.train $(MAIN) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
