@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TEARDOWN = "interpreter teardown reached"
-HOOK = f"import atexit, os\natexit.register(lambda: os.write(2, b'{TEARDOWN}\\n'))\n"
+HOOK = ("import atexit, os, sys\n"  # the tour's processes only, not torchrun's own
+        f"atexit.register(lambda: sys.argv[0].endswith('collectives_tour.py') and os.write(2, b'{TEARDOWN}\\n'))\n")
 
 
 def _tour(n: int, tmp_path: Path) -> str:
