@@ -75,6 +75,8 @@ def _precheck(args, torchrun) -> None:
         check(list(args.training_script_args), world, local)
     except runtime.UsageError as exc:
         runtime.exit_on_error(exc)
+    except Exception:  # noqa: BLE001 - the check itself failed: the workers meet it too, and say it in one line
+        pass
 
 
 def _failed_status(exc) -> int:
