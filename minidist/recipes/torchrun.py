@@ -34,6 +34,7 @@ from pathlib import Path
 
 from minidist import runtime
 
+
 def main(argv: list[str] | None = None) -> None:
     """torchrun's command line; exits with the status described in the module docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)

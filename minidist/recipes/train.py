@@ -68,7 +68,7 @@ class Job:
 def main(argv: list[str] | None = None, callbacks=()) -> None:
     """The command line (console script minidist-train); callbacks go to train() (tests inject faults so).
     Ends the process with the job's status (runtime.run_main): 0, 64 for a bad input (one line, from
-    rank 0), 75 when preempted after a checkpoint, 1 for any other error (one line per rank)."""
+    local rank 0), 75 when preempted after a checkpoint, 1 for any other error (one line per rank)."""
     from minidist import runtime
 
     runtime.run_main(lambda: _main(sys.argv[1:] if argv is None else list(argv), callbacks))
