@@ -4,7 +4,11 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.minidist-installed
 # Processes per node: every GPU when nvidia-smi sees some (nccl), else 2 CPU processes (gloo).
-NPROC ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$${n:-0}" -gt 0 ] && echo $$n || echo 2)
+GPUS  := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+NPROC ?= $(if $(filter-out 0,$(GPUS)),$(GPUS),2)
+# On GPUs the main job does more work in similar time (configs/experiment/main_gpu.yaml), unless
+# ARGS choose an experiment themselves.
+MAIN  := $(if $(and $(filter-out 0,$(GPUS)),$(if $(findstring experiment=,$(ARGS)),,yes)),experiment=main_gpu)
 
 .PHONY: train test tour docs docs-serve
 
@@ -13,14 +17,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
 	@touch $(STAMP)
 
+# torchrun through minidist.recipes.torchrun: the workers' exit status (64: a bad input, 75: preempted),
+# and no launcher traceback after their one-line error.
+TORCHRUN := OMP_NUM_THREADS=1 $(PY) -m minidist.recipes.torchrun --standalone --nproc_per_node=$(NPROC)
+
 train: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m recipes.train $(ARGS)
+	$(TORCHRUN) -m recipes.train $(MAIN) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 tour: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) recipes/collectives_tour.py
+	$(TORCHRUN) recipes/collectives_tour.py
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

@@ -19,6 +19,7 @@ with minidist.runtime.distributed(backend="auto", timeout_s=30) as topo:
     print(topo.rank, topo.world_size, topo.backend, topo.device, t.item(), tr.sent_bytes)
 import torch.distributed as dist
 print("initialized after exit:", dist.is_initialized())
+minidist.runtime.exit_process(0)  # a script that ran gloo ends so (the interpreter's teardown can abort)
 """
 
 

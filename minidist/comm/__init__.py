@@ -8,6 +8,11 @@
     comm.set_debug(True)                     # ranks agree on every collective first (fingerprint.py)
     comm.flight_recorder.install_dump_handlers(run_dir)   # name a hang: flight_recorder.py
     with comm.kernel_io.written(group) as w: ...   # bytes the kernel saw this process write
+
+Every call here that communicates is a collective, which every rank of its group must make, in the
+same order: the collectives themselves, calibrate() (timed all_reduces and a broadcast; on one rank
+alone it waits until the process group's timeout), kernel_io.written() (barriers), and set_debug()
+(each rank's check is one more all_gather).
 """
 
 from torch.distributed import ReduceOp

@@ -11,6 +11,11 @@
     all_to_all      everyone           everyone, piece i of rank j lands as piece j on rank i
     barrier         nobody             nobody; it only synchronises
 
+Every function here is a collective: every rank of `group` must call it, the same calls in the
+same order (ranks match collectives by issue order, not by name), including the ranks that are
+not `src` or `dst`. A rank that skips one leaves the others waiting inside it until the process
+group's timeout (the flight recorder then names the call and the missing rank).
+
 Every function takes `group` (None = the world) and `async_op`. With async_op a
 Work handle comes back: wait() on it before reading the result (on NCCL wait()
 orders the current stream after the collective instead of blocking the host).
@@ -150,7 +155,10 @@ def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], o
 
 def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, group_src: int | None = None,
               async_op: bool = False):
-    """Copy `tensor` from rank `src` (or group rank `group_src`) into `tensor` on every rank (in place)."""
+    """Copy `tensor` from rank `src` (or group rank `group_src`) into `tensor` on every rank (in place).
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
+    """
     src = _root(src, group_src, group)
     return _issue("broadcast", tensor, tensor.numel(), group,
                   lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
@@ -158,7 +166,10 @@ def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, group_
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, async_op: bool = False):
-    """Reduce `tensor` across ranks with `op`; every rank ends with the result (in place)."""
+    """Reduce `tensor` across ranks with `op`; every rank ends with the result (in place).
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
+    """
     _check_op(op)
 
     def run(real_op):
@@ -181,6 +192,8 @@ def all_reduce_coalesced(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, *, gr
     one all_reduce per tensor in one group. Traced as one all_reduce of their
     total size. Calls the process group directly: torch's wrapper
     (dist.all_reduce_coalesced) warns that it is deprecated.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
     """
     _check_op(op)
     tensors = list(tensors)
@@ -203,7 +216,10 @@ def all_reduce_coalesced(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, *, gr
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group = None,
            group_dst: int | None = None, async_op: bool = False):
-    """Reduce `tensor` across ranks onto rank `dst` (or group rank `group_dst`). Only dst's tensor is meaningful afterwards."""
+    """Reduce `tensor` across ranks onto rank `dst` (or group rank `group_dst`). Only dst's tensor is meaningful afterwards.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
+    """
     _check_op(op)
     dst = _root(dst, group_dst, group)
     is_dst = dist.get_rank() == dst
@@ -230,6 +246,8 @@ def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *
     `algorithm`: "native" (the default), or "ring" / "auto" (the ring where the backend
     is gloo on CPU tensors, as for reduce_scatter) for one output tensor: minidist.comm.ring's
     ring receives into `output` in place, where gloo's own stages the whole output first.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
     """
     n = _size(group)
     impl = _ring.choose(algorithm, group, input) if isinstance(output, torch.Tensor) else "native"
@@ -249,6 +267,8 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Te
 
     `input` is one tensor of N * output.numel() elements (chunk r = rows r*k..(r+1)*k)
     or a list of N tensors shaped like `output`. `algorithm`: see the module docstring.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
     """
     _check_op(op)
     n = _size(group)
@@ -292,6 +312,8 @@ def gather(input: torch.Tensor, gather_list: list[torch.Tensor] | None = None, d
     """Collect every rank's `input` into `gather_list` on rank `dst`.
 
     gather_list must be a list of N tensors on dst and None on every other rank.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
     """
     dst = _root(dst, group_dst, group)
     is_dst = dist.get_rank() == dst
@@ -309,6 +331,8 @@ def scatter(output: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     """Hand piece r of `scatter_list` on rank `src` to rank r's `output`.
 
     scatter_list must be a list of N tensors on src and None on every other rank.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
     """
     src = _root(src, group_src, group)
     is_src = dist.get_rank() == src
@@ -326,6 +350,8 @@ def all_to_all(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor | 
     """Chunk j of rank i's `input` becomes chunk i of rank j's `output`.
 
     Either single tensors split evenly along dim 0 into N chunks, or lists of N tensors.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
     """
     if isinstance(input, torch.Tensor):
         numel = input.numel()
@@ -339,5 +365,8 @@ def all_to_all(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor | 
 
 
 def barrier(*, group: Group = None, async_op: bool = False):
-    """Return once every rank of the group has called barrier."""
+    """Return once every rank of the group has called barrier.
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
+    """
     return _issue("barrier", None, 0, group, lambda: dist.barrier(group=group, async_op=async_op))

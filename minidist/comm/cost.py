@@ -97,8 +97,10 @@ def calibrate(group=None, sizes=(1, 1 << 10, 1 << 16, 1 << 20, 1 << 22), iters: 
     """Measure alpha and beta on `group` by timing all_reduce at several sizes.
 
     Each size gives one sample of t = 2(N-1) alpha + 2 S (N-1)/N beta: the smallest
-    fixes alpha, the largest fix beta. Every rank must call this; all get the same
-    model (rank 0's fit is broadcast). A world of one has no communication: 0, 0.
+    fixes alpha, the largest fix beta. A collective: every rank of `group` must call it,
+    and all get the same model (rank 0's fit is broadcast); called on one rank alone it waits
+    for the others until the process group's timeout (300 s by default). A world of one has
+    no communication: 0, 0.
     """
     n = dist.get_world_size(group)
     if n == 1:

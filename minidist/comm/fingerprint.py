@@ -63,7 +63,10 @@ class CollectiveMismatchError(RuntimeError):
 
 
 def set_debug(on: bool) -> None:
-    """Check every collective's fingerprint across its group before it runs (MINIDIST_DEBUG_COLLECTIVES=1)."""
+    """Check every collective's fingerprint across its group before it runs (MINIDIST_DEBUG_COLLECTIVES=1).
+
+    Every rank must set the same value before its next collective: the check is itself one small
+    all_gather per collective, which a rank without it would not join."""
     global ENABLED
     ENABLED = bool(on)
 

@@ -106,7 +106,8 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Group 
                         op=ReduceOp.SUM):
     """Reduce `input` (N * output.numel() elements) over `group`; chunk `rank` lands in `output`.
 
-    Returns None, or with async_op a RingWork to wait() on before reading `output`.
+    Returns None, or with async_op a RingWork to wait() on before reading `output`. A collective:
+    every rank of `group` calls it, in the same order as its other collectives.
     """
     if op not in _COMBINE:
         raise ValueError(f"ring reduce_scatter reduces with SUM, PRODUCT, MIN or MAX, got {op}")

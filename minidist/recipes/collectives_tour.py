@@ -119,11 +119,9 @@ def act_four(out: Transcript, numel: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The console script `minidist-tour`: one line per rank on an error, no wall of stack trace."""
-    try:
-        tour(argv)
-    except Exception as e:  # noqa: BLE001
-        runtime.exit_on_error(e)
+    """The console script `minidist-tour`. It ends through runtime.run_main: one line per rank on an
+    error, and never the interpreter's teardown after gloo ran (it can abort: runtime.exit_process)."""
+    runtime.run_main(lambda: tour(argv))
 
 
 def tour(argv: list[str] | None = None) -> None:

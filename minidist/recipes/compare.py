@@ -3,57 +3,101 @@
     torchrun --standalone --nproc_per_node=2 -m recipes.compare
     torchrun --standalone --nproc_per_node=2 -m recipes.compare model=gpt strategies=[ddp,zero1,shard_grad_op,full_shard,hybrid_shard]
     python -m recipes.compare --estimate model.n_layer=12 estimate.worlds=[1,8,64]   # memory only, nothing runs
-    python -m recipes.compare --cfg                                                  # print the composed config
+    python -m recipes.compare --help | --cfg job | --info | --hydra-help             # Hydra's own flags
     minidist-compare --estimate                                                      # installed: from anywhere
 
-Arguments are Hydra overrides of configs/compare.yaml (minidist.compare.config); the work is
-minidist.compare.run. Outputs: <out_dir>/<name> (default outputs/compare-<timestamp>).
+Arguments are Hydra overrides of configs/compare.yaml (minidist.compare.config) and Hydra's flags
+(minidist.recipes.hydra_cli, as the train recipe takes them), plus `--estimate`; the work is
+minidist.compare.run. The command line is composed and checked before anything runs (a mistake is
+one line, exit 64: runtime.UsageError). Outputs: <out_dir>/<name> (default outputs/compare-<timestamp>).
 """
 
 from __future__ import annotations
 
 import sys
 
+from minidist.recipes import hydra_cli
 
-def compose(args: list[str]):
-    """configs/compare.yaml with overrides, on its schemas; raises ConfigError / ValueError (one line)."""
+ESTIMATE = "--estimate"
+
+
+def compose(args: list[str], config_dir: str | None = None,
+            world: tuple[int | None, int | None] | None = None, estimate: bool = False):
+    """configs/compare.yaml with overrides, on its schemas, checked; raises ConfigError (one line).
+    world: (ranks, processes per node) of the run (default: torchrun's environment, or one process);
+    estimate: check for `--estimate`'s worlds (estimate.worlds) instead."""
     from hydra.core.config_store import ConfigStore
 
+    from minidist import runtime
     from minidist.compare.config import CompareConfig, check
-    from minidist.train.compose import compose_config
+    from minidist.train.compose import ConfigError, check_shard_size, compose_config
 
     ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
-    cfg = compose_config(args, config_name="compare")
-    check(cfg)
+    cfg = compose_config(args, config_name="compare", config_dir=config_dir)
+    try:
+        check(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if "hybrid_shard" in cfg.strategies:
+        key, size = "strategy_options.hybrid_shard.shard_size", cfg.strategy_options.hybrid_shard.shard_size
+        if estimate:  # a group larger than a tabulated world is that whole world (minidist.compare.run)
+            check_shard_size(key, size, list(cfg.estimate.worlds), worlds_key="estimate.worlds")
+        else:
+            world_size, local = runtime.launched_world() if world is None else world
+            if world_size is not None:
+                check_shard_size(key, size, [world_size], local)
     return cfg
 
 
+def check_command_line(argv: list[str], world_size: int | None, local_world_size: int | None) -> None:
+    """Compose and check the command line at this world (minidist.recipes.torchrun, before the workers)."""
+    args, _, estimate = _parse(argv)
+    if not hydra_cli.is_informational(args):
+        _compose_args(args, (world_size, local_world_size), estimate)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    """The console script minidist-compare; ends through runtime.run_main (one-line errors, exit status)."""
     from minidist import runtime
 
-    flags = {"--cfg", "--estimate"} & set(args)
-    try:
-        cfg = compose([a for a in args if a not in flags])
-    except ValueError as exc:  # ConfigError is a ValueError
-        runtime.exit_on_error(exc)
-    if "--cfg" in flags:
-        from omegaconf import OmegaConf
-        print(OmegaConf.to_yaml(cfg), end="")
-        return
+    runtime.run_main(lambda: _main(sys.argv[1:] if argv is None else list(argv)))
+
+
+def _main(argv: list[str]) -> int:
+    from minidist import runtime
+
+    args, parser, estimate = _parse(argv)
+    informational = hydra_cli.is_informational(args)
+    cfg = _compose_args(args, (None, None) if informational else None, estimate)  # --cfg: for any world
+    if informational:
+        hydra_cli.informational(args, parser, "compare")
+        return 0
     from minidist.compare import run
 
-    if "--estimate" in flags:
+    if estimate:
         print(run.estimate_table(cfg))
-        return
-    try:
-        with runtime.distributed(cfg.backend.value, cfg.timeout_s) as topo:
-            run.compare(cfg, topo)
-    except KeyboardInterrupt:
-        runtime.exit_on_error(KeyboardInterrupt("interrupted"))
-    except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
-        runtime.exit_on_error(exc)
-    runtime.exit_process(0)
+        return 0
+    with runtime.distributed(cfg.backend.value, cfg.timeout_s) as topo:
+        run.compare(cfg, topo)
+    return 0
+
+
+def _parse(argv: list[str]):
+    """(Hydra's args, its parser, whether --estimate was given)."""
+    args, parser = hydra_cli.parse([a for a in argv if a != ESTIMATE])
+    return args, parser, ESTIMATE in argv
+
+
+def _compose_args(args, world, estimate: bool):
+    from minidist.train.compose import ConfigError
+
+    if args.multirun:
+        raise ConfigError("recipes.compare runs no sweep: it measures every strategy of strategies=[...] in "
+                          "one job; drop --multirun")
+    if args.config_path is not None:
+        raise ConfigError("--config-path replaces minidist's configs; add a directory of your own configs "
+                          "with --config-dir instead")
+    return compose(list(args.overrides), args.config_dir, world, estimate)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@
     torchrun ... -m minidist.recipes.train --multirun strategy=ddp,full_shard model.n_layer=2,4
 
 Arguments are Hydra overrides of configs/config.yaml (groups: strategy, model, data,
-optim, trainer, logger, experiment) and Hydra's flags. In this order:
+optim, trainer, logger, experiment) and Hydra's flags (minidist.recipes.hydra_cli). In this order:
 
 1. Every job of the command line (one, or each job of a --multirun sweep) is composed
-   and checked first: a mistake is one line, before any process group or file exists.
+   and checked first, its model built on the meta device and its layout checked against
+   the world: a mistake is one line (ConfigError, a runtime.UsageError: printed once, exit
+   64), before any process group or file exists. minidist.recipes.torchrun runs the same
+   check (check_command_line) before it starts any worker.
 2. The process group is created once per process (torchrun's environment, or a world
    of one), with the backend and timeout the jobs agree on.
 3. Hydra runs the jobs: the informational flags through Hydra's own `_run_hydra`, a
@@ -18,15 +21,17 @@ optim, trainer, logger, experiment) and Hydra's flags. In this order:
    the same jobs in the same order; see minidist.train.jobs), a single run through the
    same per-job runner. Each job trains in its own directory (hydra.run.dir, or
    hydra.sweep.dir/hydra.sweep.subdir), which only the main process writes.
-
-Hydra's flags and plugins are reached through hydra._internal (hydra-core is pinned to 1.3;
-tests/recipes/test_hydra.py covers every path).
+4. The process ends through runtime.run_main with the job's status: 0; 75 preempted after
+   a checkpoint; 64 a bad input; 1 an error (one line per rank; MINIDIST_TRACEBACK=1 for
+   the trace).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from minidist.recipes import hydra_cli
 
 
 class Job:
@@ -61,62 +66,54 @@ class Job:
 
 
 def main(argv: list[str] | None = None, callbacks=()) -> None:
-    """The command line (console script minidist-train); callbacks go to train() (tests inject faults so)."""
-    from hydra._internal.utils import get_args_parser
-
+    """The command line (console script minidist-train); callbacks go to train() (tests inject faults so).
+    Ends the process with the job's status (runtime.run_main): 0, 64 for a bad input (one line, from
+    local rank 0), 75 when preempted after a checkpoint, 1 for any other error (one line per rank)."""
     from minidist import runtime
-    from minidist.train.compose import ConfigError
 
-    parser = get_args_parser()
-    args = parser.parse_args(_cfg_means_job(sys.argv[1:] if argv is None else list(argv)))
-    try:
-        cfgs = _check_jobs(args)
-    except ConfigError as exc:
-        runtime.exit_on_error(exc)
-    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
-        _informational(args, parser)
-        return
-    agreed = {(cfg.backend.value, float(cfg.timeout_s)) for cfg in cfgs}
-    if len(agreed) > 1:
-        runtime.exit_on_error(ConfigError("every job of a sweep needs the same backend and timeout_s: the process "
-                                          "group is created once, for all of them"))
-    backend, timeout_s = agreed.pop()
+    runtime.run_main(lambda: _main(sys.argv[1:] if argv is None else list(argv), callbacks))
+
+
+def check_command_line(argv: list[str], world_size: int | None, local_world_size: int | None) -> None:
+    """Compose and check every job of `argv` at this world (minidist.recipes.torchrun calls it before
+    starting the workers); raises ConfigError. Hydra's informational flags are not checked here."""
+    args, _ = hydra_cli.parse(argv)
+    if not hydra_cli.is_informational(args):
+        _check_jobs(args, (world_size, local_world_size))
+
+
+def _main(argv: list[str], callbacks) -> int:
+    from minidist import runtime
     from minidist.train.preemption import EXIT_PREEMPTED
 
+    args, parser = hydra_cli.parse(argv)
+    informational = hydra_cli.is_informational(args)
+    # ConfigError: one line, before any process group or file exists; --cfg shows a config for any world
+    cfgs = _check_jobs(args, (None, None) if informational else None)
+    if informational:
+        hydra_cli.informational(args, parser, "config")
+        return 0
+    backend, timeout_s = cfgs[0].backend.value, float(cfgs[0].timeout_s)
     job = Job(callbacks)
-    try:
-        with runtime.distributed(backend, timeout_s) as topo:
-            from minidist.train.run_dir import share_stamp
+    with runtime.distributed(backend, timeout_s) as topo:
+        from minidist.train.run_dir import share_stamp
 
-            job.topo = topo
-            share_stamp(topo)  # new run names carry rank 0's clock on every rank
-            if args.multirun:
-                _hydra_main(args, parser, job)
-            else:
-                _run_single(args, job)
-            if job.failure is not None:
-                raise job.failure
-        if job.preempted:  # checkpointed; torchrun's restart or a SLURM requeue resumes it (resume=auto)
-            runtime.exit_process(EXIT_PREEMPTED)
-    except KeyboardInterrupt:
-        runtime.exit_on_error(KeyboardInterrupt("interrupted"))
-    except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
-        runtime.exit_on_error(exc)
-    runtime.exit_process(0)  # the process group is gone; skip a teardown that can abort (see there)
+        job.topo = topo
+        share_stamp(topo)  # new run names carry rank 0's clock on every rank
+        if args.multirun:
+            hydra_cli.run_hydra(args, parser, job, "config")
+        else:
+            _run_single(args, job)
+        if job.failure is not None:
+            raise job.failure
+    # checkpointed; torchrun's restart or a SLURM requeue resumes it (resume=auto)
+    return EXIT_PREEMPTED if job.preempted else 0
 
 
-def _cfg_means_job(argv: list[str]) -> list[str]:
-    """A bare `--cfg` (minidist's older spelling) is Hydra's `--cfg job`."""
-    out = []
-    for i, arg in enumerate(argv):
-        out.append(arg)
-        if arg in ("--cfg", "-c") and (i + 1 == len(argv) or argv[i + 1] not in ("job", "hydra", "all")):
-            out.append("job")
-    return out
-
-
-def _check_jobs(args) -> list:
-    """Compose every job of the command line with minidist's checks (ConfigError: one line)."""
+def _check_jobs(args, world: tuple[int | None, int | None] | None = None) -> list:
+    """Compose every job of the command line with minidist's checks (ConfigError: one line): each job's
+    config, its model (built on the meta device), its layout at `world` (compose.compose_config), and
+    that the jobs agree on what the one process group needs."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -143,30 +140,11 @@ def _check_jobs(args) -> list:
                           f"add --multirun (-m) to run one job per value")
     jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch] if sweeping \
         else [list(args.overrides)]
-    return [compose_config(job, args.config_name or "config", args.config_dir) for job in jobs]
-
-
-def _informational(args, parser) -> None:
-    """--help, --hydra-help, --cfg, --info, --shell-completion: Hydra prints them (rank 0 only)."""
-    import os
-
-    if os.environ.get("RANK", "0") != "0":
-        return
-    _hydra_main(args, parser, task=None)
-
-
-def _hydra_main(args, parser, task) -> None:
-    """Hydra's own entry (what @hydra.main calls) over minidist's configs."""
-    from hydra._internal.utils import _run_hydra
-
-    from minidist.train.config import CONFIG_DIR
-
-    _run_hydra(args=args, args_parser=parser, task_function=task or _no_task, config_path=str(CONFIG_DIR),
-               config_name=args.config_name or "config")
-
-
-def _no_task(cfg) -> None:
-    raise AssertionError("informational commands run no job")
+    cfgs = [compose_config(job, args.config_name or "config", args.config_dir, world) for job in jobs]
+    if len({(cfg.backend.value, float(cfg.timeout_s)) for cfg in cfgs}) > 1:
+        raise ConfigError("every job of a sweep needs the same backend and timeout_s: the process "
+                          "group is created once, for all of them")
+    return cfgs
 
 
 def _run_single(args, job: Job) -> None:

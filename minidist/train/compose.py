@@ -20,6 +20,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from minidist.runtime import UsageError, launched_world
 from minidist.train.config import CONFIG_DIR, GROUPS, RunConfig
 from minidist.train.preemption import signal_number
 
@@ -41,8 +42,8 @@ def register_schemas() -> None:
     app_help.register_resolvers()
 
 
-class ConfigError(ValueError):
-    """A configuration that does not compose; the message is one line."""
+class ConfigError(UsageError):
+    """A configuration that does not compose; the message is one line (a UsageError: printed once, exit 64)."""
 
 
 WANDB_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline", "run": "online"}
@@ -69,6 +70,9 @@ def _one_line(exc: BaseException) -> str:
         opts = [ln.strip() for ln in text.split("Available options", 1)[-1].splitlines()[1:]
                 if ln.startswith("\t") and "provider=" not in ln and ln.strip()]
         return f"{head.split(': ', 1)[-1]}; valid choices: {', '.join(opts)}" if opts else head
+    if key and "does not support deletion" in str(cause):  # ~trainer.steps: a schema field cannot go
+        return f"{key} cannot be removed (~{key}): every field of its schema is required; set it instead " \
+               f"({key}=<value>; `--help` shows each option and its default)"
     if key and obj is not None and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         schema = _SCHEMAS.get(getattr(obj, "__name__", ""), obj)
         valid = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
@@ -80,12 +84,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config",
-                   config_dir: str | None = None) -> DictConfig:
+                   config_dir: str | None = None, world: tuple[int | None, int | None] | None = None) -> DictConfig:
     """Compose configs/<config_name>.yaml (also searched in config_dir: the command line's --config-name /
     --config-dir) with command-line style overrides; raise ConfigError (one line).
 
-    A training config (root schema RunConfig) is checked by check() below; other primary configs
-    (compare) register their root schema first and check their own rules.
+    A training config (root schema RunConfig) is checked by check() below, at `world` = (world size,
+    processes per node) (default: torchrun's environment, or a world of one; None in either: unknown,
+    not checked); other primary configs (compare) register their root schema first and check their own rules.
     """
     from hydra import compose, initialize_config_dir
 
@@ -101,7 +106,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str
     except Exception as exc:  # noqa: BLE001 - Hydra raises many kinds; all become one line
         raise ConfigError(_one_line(exc)) from exc
     if OmegaConf.get_type(cfg) is RunConfig:
-        check(cfg)
+        check(cfg, *(launched_world() if world is None else world))
     return cfg
 
 
@@ -118,10 +123,12 @@ def check_known_keys(node, path: str = "") -> None:
             check_known_keys(node[key], f"{path}{key}.")
 
 
-def check(cfg: DictConfig) -> None:
-    """Cross-group rules the schemas cannot express."""
+def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int | None = None) -> None:
+    """Cross-group rules the schemas cannot express. world_size / local_world_size: the job's ranks and
+    processes per node, when known (the rules that depend on them are skipped otherwise)."""
     for group, options in GROUPS.items():
-        if OmegaConf.is_missing(cfg, group):
+        if OmegaConf.is_missing(cfg, group) or OmegaConf.get_type(cfg[group]) not in options.values():
+            # ~data removes the group; an experiment's data.* keys then make an untyped node in its place
             raise ConfigError(f"no {group} config (removed with ~{group}?): every run needs one of "
                               f"{', '.join(options)} ({group}=<choice>)")
     check_known_keys(cfg)
@@ -135,13 +142,26 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError("model=resnet18 needs images: use data=cifar10 or data=synthetic")
     if cfg.resume not in ("never", "auto") and not Path(cfg.resume).is_dir():
         raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
-    tc, st = cfg.trainer, cfg.strategy
+    _check_trainer(cfg.trainer)
+    _check_strategy(cfg.strategy, world_size, local_world_size)
+    check_model(cfg.model)
+
+
+def _check_trainer(tc) -> None:
     for key in ("steps", "batch_size", "grad_accum", "log_interval", "keep_last"):
         if tc[key] < 1:
             raise ConfigError(f"trainer.{key}={tc[key]} must be >= 1")
     for key in ("eval_interval", "ckpt_interval"):
         if tc[key] < 0:
             raise ConfigError(f"trainer.{key}={tc[key]} must be >= 0 (0 turns it off)")
+    for name in tc.preempt_signals:
+        try:
+            signal_number(name)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.preempt_signals: {exc}") from None
+
+
+def _check_strategy(st, world_size: int | None, local_world_size: int | None) -> None:
     if st.get("shard_size") is not None and st.shard_size < 1:
         raise ConfigError(f"strategy.shard_size={st.shard_size} must be >= 1 (ranks per shard group), "
                           f"or null for the processes per node")
@@ -150,11 +170,62 @@ def check(cfg: DictConfig) -> None:
                           f"default (25 MiB after a 1 MiB first bucket)")
     if st.get("max_inflight_all_gathers") is not None and st.max_inflight_all_gathers < 0:
         raise ConfigError(f"strategy.max_inflight_all_gathers={st.max_inflight_all_gathers} must be >= 0")
-    for name in tc.preempt_signals:
-        try:
-            signal_number(name)
-        except ValueError as exc:
-            raise ConfigError(f"trainer.preempt_signals: {exc}") from None
+    if world_size is None:
+        return
+    if st.name == "single" and world_size != 1:
+        raise ConfigError(f"strategy=single runs one process, but this job has {world_size}; use strategy=ddp "
+                          f"(or another data-parallel strategy) under torchrun")
+    if st.name == "hybrid_shard":
+        check_shard_size("strategy.shard_size", st.shard_size, [world_size], local_world_size)
+
+
+def check_shard_size(key: str, shard_size: int | None, worlds: list[int], local_world_size: int | None = None,
+                     worlds_key: str | None = None) -> None:
+    """hybrid_shard's shard group must divide the world (a (world / shard) x shard mesh); null = the
+    processes per node (local_world_size; the whole world where that is unknown). worlds_key: the worlds
+    are a tabulation's (minidist.compare's estimate.worlds), where a group larger than a world means
+    that whole world; else `worlds` is this job's one world."""
+    clamp = worlds_key is not None
+    def fits(size: int, world: int) -> bool:
+        return world % (min(size, world) if clamp else size) == 0
+
+    for world in worlds:
+        shard = shard_size or local_world_size or world
+        if fits(shard, world):
+            continue
+        valid = ", ".join(str(d) for d in range(1, max(worlds) + 1) if all(fits(d, w) for w in worlds))
+        where = f"{worlds_key} entry {world}" if clamp else f"the {world} ranks of this job"
+        if shard_size is None:
+            raise ConfigError(f"{key}=null means the processes per node ({shard}), which do not divide {where}; "
+                              f"set {key} to one of {valid}")
+        null = f"; null = the processes per node ({local_world_size})" if local_world_size else ""
+        raise ConfigError(f"{key}={shard} does not divide {where}: hybrid_shard needs a (world / shard) x shard "
+                          f"mesh; valid sizes: {valid}{null}")
+
+
+def check_model(model_cfg) -> None:
+    """The model can be built: its own constructor's rules (checked on the meta device, no memory), the
+    GPT's head count named with the keys. Every job of a sweep is checked so before the first starts."""
+    import torch
+
+    from minidist.train.task import make_task
+
+    if model_cfg.name == "gpt":
+        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if model_cfg[key] < 1:
+                raise ConfigError(f"model.{key}={model_cfg[key]} must be >= 1")
+        if not 0 <= model_cfg.dropout < 1:
+            raise ConfigError(f"model.dropout={model_cfg.dropout} must be in [0, 1)")
+    if model_cfg.name == "gpt" and model_cfg.n_embd % model_cfg.n_head:
+        valid = [h for h in range(1, model_cfg.n_embd + 1) if model_cfg.n_embd % h == 0]
+        raise ConfigError(f"model.n_head={model_cfg.n_head} must divide model.n_embd={model_cfg.n_embd}; valid "
+                          f"n_head: {', '.join(map(str, valid[:12]))}{', ...' if len(valid) > 12 else ''}")
+    try:
+        with torch.device("meta"):
+            make_task(model_cfg).build()
+    except (ValueError, RuntimeError, AssertionError, TypeError, ZeroDivisionError) as exc:
+        raise ConfigError(f"model={model_cfg.name} cannot be built from these model.* values: "
+                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 def to_yaml(cfg: DictConfig) -> str:

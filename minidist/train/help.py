@@ -3,7 +3,8 @@
 Hydra prints `hydra.help.template` (configs/config.yaml) for `--help`, resolved against
 the config composed from the command line's overrides. Two resolvers fill it:
 
-    ${minidist.groups:}    group: choice, choice, ...   (not the schema/ groups that hold the typed schemas)
+    ${minidist.groups:}    group: choice, choice, ...   (not the schema/ groups that hold the typed schemas;
+                           ${minidist.groups:model,data}: those groups only)
     ${minidist.options:}   key: value    # description  (one line per field of the composed config)
 
 The descriptions are the docstrings written under each field of the schemas
@@ -29,10 +30,11 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("minidist.options", options_text, replace=True)
 
 
-def groups_text() -> str:
-    """'group: a, b, c' per user-facing config group (the yaml presets under configs/)."""
+def groups_text(*only: str) -> str:
+    """'group: a, b, c' per user-facing config group (the yaml presets under configs/); `only`: these groups
+    (`${minidist.groups:model,data}`; the comparison has no strategy or experiment group)."""
     lines = []
-    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir()):
+    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and (not only or p.name in only)):
         choices = sorted(f.stem for f in group.glob("*.yaml"))
         lines.append(f"{group.name}: {', '.join(choices)}")
     return "\n".join(lines)

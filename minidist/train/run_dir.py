@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from minidist import Topology, comm
 from minidist.mesh import is_main, main_rank
+from minidist.runtime import UsageError
 
 PLAN_BYTES = 8192
 HYDRA_DIR = ".hydra"
@@ -159,6 +160,8 @@ def decide(cfg, request: RunRequest | None = None) -> RunPlan:
             message = f"resume=auto: no earlier run of this config under {out_dir.resolve()}; starting a new one"
     label = _label(run_dir, out_dir)
     if not run_dir.exists() or not any(run_dir.iterdir()):
+        if cfg.resume == "auto" and named:  # the first launch of a named run (launch/*.sh): say so
+            message = f"resume=auto: {run_dir.resolve()} holds no run yet; starting a new one there"
         return RunPlan(run_dir, Action.NEW, label, message)
     done = finished_step(run_dir)
     if done is not None and done >= cfg.trainer.steps:
@@ -182,10 +185,10 @@ def plan_run(cfg, topo: Topology, mesh, request: RunRequest | None = None) -> Ru
             text = json.dumps({"dir": str(p.dir), "action": p.action.value, "label": p.label,
                                "message": p.message, "step": p.step})
         except (ValueError, OSError) as exc:
-            text = json.dumps({"error": str(exc)})
+            text = json.dumps({"error": str(exc), "usage": isinstance(exc, ValueError)})
     got = json.loads(_broadcast_text(text, topo, src))
-    if "error" in got:
-        raise RuntimeError(got["error"])
+    if "error" in got:  # a refusal is a bad input, the same on every rank: printed once (runtime.UsageError)
+        raise (UsageError if got["usage"] else RuntimeError)(got["error"])
     return RunPlan(Path(got["dir"]), Action(got["action"]), got["label"], got["message"], got["step"])
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 from minidist.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TINY = ["experiment=gpt_tiny", "trainer.steps=12", "trainer.log_interval=2", "data.max_bytes=200000"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", TORCHRUN=str(BIN / "torchrun"), PYTHONWARNINGS="default")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, PYTHONWARNINGS="default")
 
 
 def _free_port() -> int:
@@ -100,4 +99,42 @@ def test_sigterm_checkpoints_and_exits_for_requeue(tmp_path):
     step = int((tmp_path / "pre" / "PREEMPTED").read_text())
     assert f"preempted (SIGTERM) after step {step}, checkpoint saved" in out, out + err
     assert (tmp_path / "pre" / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
+    assert not _noise(err), err
+
+
+def test_slurm_script_requeues_a_preempted_torchrun_job(tmp_path):
+    """launch/slurm.sbatch as SLURM runs it, with srun and scontrol stood in for: the time-limit SIGTERM
+    reaches the script, torchrun forwards it, the workers checkpoint and exit 75, torchrun (through
+    minidist.recipes.torchrun) exits 75 without a traceback, and the script requeues the job."""
+    import signal
+    import time
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    (fake / "scontrol").write_text('#!/bin/bash\n[ "$1" = show ] && { echo localhost; exit 0; }\n'
+                                   'echo "$@" >> "$SCONTROL_LOG"\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = ENV | {"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO), "NPROC": "2",
+                 "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "RUN": "pre",
+                 "SLURM_SUBMIT_DIR": str(tmp_path), "PORT": str(_free_port()), "SCONTROL_LOG": str(tmp_path / "sc")}
+    cmd = ["bash", str(REPO / "launch/slurm.sbatch"), "experiment=gpt_tiny", "trainer.steps=100000",
+           "trainer.log_interval=1", "data.max_bytes=200000", f"out_dir={tmp_path}", "logger.mode=disabled"]
+    run = tmp_path / "pre"
+    with open(tmp_path / "out", "w") as fo, open(tmp_path / "err", "w") as fe:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=fo, stderr=fe)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "err").read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # --signal=B:TERM@120: SLURM signals the batch shell
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert "preempted (checkpoint saved); requeueing job 4242" in out, out + err
+    assert (tmp_path / "sc").read_text().split() == ["requeue", "4242"]
+    step = int((run / "PREEMPTED").read_text())
+    assert (run / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
     assert not _noise(err), err

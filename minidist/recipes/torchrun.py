@@ -1,0 +1,117 @@
+"""torchrun, ending as the workers did: their exit status, and no launcher traceback after their one line.
+
+    python -m minidist.recipes.torchrun --standalone --nproc_per_node=2 -m recipes.train strategy=full_shard
+
+The arguments are torchrun's, unchanged: torch.distributed.run.main runs in this process (same
+rendezvous, restarts, signal forwarding, logs). `make train`, `make tour` and launch/*.sh start
+jobs through it. What it changes, and why:
+
+1. A worker fails: torchrun raises ChildFailedError, so it prints a ~35-line traceback and failure
+   table after the worker's own one-line error, and exits 1 whatever the worker's status was. Here
+   the job exits with the first failed worker's status (runtime.EXIT_USAGE = 64: a bad input; 1: an
+   error; 75: preempted) and prints nothing more, except one line when a worker died by a signal
+   (it could not say why itself): status 128 + the signal's number.
+2. torchrun is signalled (SIGTERM from SLURM, docker or Ctrl-C): it forwards the signal to its
+   workers, waits up to --shutdown-timeout (default 30 s) for them to exit, then raises
+   SignalException (a traceback, exit 1). Workers that checkpointed on the signal exit 75
+   (minidist.train.preemption); each worker's runtime.exit_process leaves its status in a
+   directory named by MINIDIST_EXIT_STATUS_DIR, so here the job exits 75 when they did, else
+   128 + the signal's number, without the traceback.
+3. The entry module's command line is checked before any worker starts, when the module offers
+   check_command_line(argv, world_size, local_world_size) (minidist.recipes.train and compare do):
+   a bad input is one line here, exit 64, instead of a line from rank 0 of every restart attempt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from minidist import runtime
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun's command line; exits with the status described in the module docstring."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(argv)
+    _precheck(args, torchrun)
+    status_dir = tempfile.mkdtemp(prefix="minidist-status-")
+    os.environ[runtime.EXIT_STATUS_DIR_ENV] = status_dir  # the workers inherit the agent's environment
+    try:
+        torchrun.main(argv)
+        code = 0
+    except ChildFailedError as exc:
+        code = _failed_status(exc)
+    except SignalException as exc:
+        code = _signalled_status(exc.sigval, Path(status_dir))
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def _precheck(args, torchrun) -> None:
+    """The entry module's check_command_line at torchrun's world size (exit 64 with one line)."""
+    if not args.module or args.no_python:
+        return
+    try:
+        check = getattr(importlib.import_module(args.training_script), "check_command_line", None)
+    except ImportError:
+        return  # torchrun's workers will say so
+    if check is None:
+        return
+    local = torchrun.determine_local_world_size(args.nproc_per_node)
+    min_nodes, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
+    world = local * max_nodes if min_nodes == max_nodes else None  # elastic: known after the rendezvous
+    try:
+        check(list(args.training_script_args), world, local)
+    except runtime.UsageError as exc:
+        runtime.exit_on_error(exc)
+    except Exception:  # noqa: BLE001 - the check itself failed: the workers meet it too, and say it in one line
+        pass
+
+
+def _failed_status(exc) -> int:
+    """The status of the worker that failed first by itself; one line if a signal ended it (it could not
+    speak). torchrun SIGTERMs the other workers after a failure, within the same second (its
+    timestamps' resolution), so a worker that exited with a status, then one killed by another
+    signal, come before those it ended."""
+    def cause(item):
+        rank, failure = item
+        code = failure.exitcode
+        return (0 if code > 0 else 1 if code != -signal.SIGTERM else 2), failure.timestamp, rank
+
+    rank, failure = min(exc.failures.items(), key=cause)
+    if failure.exitcode >= 0:
+        return failure.exitcode or 1
+    sig = -failure.exitcode
+    runtime._say(f"torchrun: rank {rank} (pid {failure.pid}) was killed by {_signame(sig)}")
+    return 128 + sig
+
+
+def _signalled_status(sigval: signal.Signals, status_dir: Path) -> int:
+    """75 if the workers checkpointed on the signal and said so, else 128 + the signal's number."""
+    from minidist.train.preemption import EXIT_PREEMPTED
+
+    codes = [f.read_text().strip() for f in status_dir.glob("rank*")]
+    return EXIT_PREEMPTED if str(EXIT_PREEMPTED) in codes else 128 + int(sigval)
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+if __name__ == "__main__":
+    main()
