@@ -20,6 +20,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from minidist.tp.plan import check_degree
 from minidist.train.config import CONFIG_DIR, GROUPS, RunConfig
 from minidist.train.preemption import signal_number
 
@@ -148,6 +149,7 @@ def check(cfg: DictConfig) -> None:
     if st.get("bucket_cap_mb") is not None and st.bucket_cap_mb <= 0:
         raise ConfigError(f"strategy.bucket_cap_mb={st.bucket_cap_mb} must be > 0, or null for torch's "
                           f"default (25 MiB after a 1 MiB first bucket)")
+    _check_tp(cfg)
     if st.get("max_inflight_all_gathers") is not None and st.max_inflight_all_gathers < 0:
         raise ConfigError(f"strategy.max_inflight_all_gathers={st.max_inflight_all_gathers} must be >= 0")
     for name in tc.preempt_signals:
@@ -155,6 +157,24 @@ def check(cfg: DictConfig) -> None:
             signal_number(name)
         except ValueError as exc:
             raise ConfigError(f"trainer.preempt_signals: {exc}") from None
+
+
+def _check_tp(cfg: DictConfig) -> None:
+    """strategy.tp_size against the model (the world is checked when the layout is built)."""
+    st = cfg.strategy
+    tp = st.get("tp_size", 1)
+    if tp < 1:
+        raise ConfigError(f"strategy.tp_size={tp} must be >= 1 (1: no tensor parallelism)")
+    if tp == 1:
+        return
+    if cfg.model.name != "gpt":
+        raise ConfigError(f"strategy.tp_size={tp}: tensor parallelism has a plan for model=gpt only; "
+                          f"use strategy.tp_size=1 with model={cfg.model.name}")
+    try:
+        check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
+                     setting="strategy.tp_size", prefix="model.")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def to_yaml(cfg: DictConfig) -> str:
