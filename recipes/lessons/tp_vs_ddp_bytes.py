@@ -44,6 +44,10 @@ def config(small: bool) -> GPTConfig:
     return GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=64 if small else 128)
 
 
+def batch_sizes(small: bool) -> list[int]:
+    return [1, 4, 16] if small else [1, 2, 4, 8, 16, 32]
+
+
 def step(model, x, y) -> None:
     model(x, y)[1].backward()
     for p in model.parameters():
@@ -67,7 +71,7 @@ def crossing(batches: list[int], tp: list[float], ddp: list[float]) -> float:
 
 def run(ctx: Context) -> None:
     cfg, n = config(ctx.small), ctx.world
-    batches = [1, 2, 4, 8, 16, 32] if not ctx.small else [1, 4, 16]
+    batches = batch_sizes(ctx.small)
     torch.manual_seed(0)
     ddp = DDP(GPT(cfg))
     torch.manual_seed(0)
