@@ -123,6 +123,11 @@ def _fsdp_declarations() -> dict:
         shard_param(net.weight, TP, 0)  # a tensor-parallel slice, declared before wrapping
         model = FSDP(net, mesh=data_parallel_mesh(topo), sharding_strategy=strategy)
         out[strategy] = {n: sharded_over(p) for n, p in model.module.named_parameters()}
+    model(torch.ones(2, 4)).sum().backward()
+    try:  # FSDP's own clip sums over its shard group only: it cannot be right for a tp slice
+        model.clip_grad_norm_(1.0)
+    except ValueError as exc:
+        out["clip"] = str(exc)
     return out
 
 
@@ -130,6 +135,7 @@ def test_fsdp_keeps_a_declaration_on_the_parameters_it_makes_and_adds_its_own(ru
     got = run_dist(2, _fsdp_declarations)[0]
     assert got["full_shard"] == {"weight": {TP: Split(0), DP: Split(0)}, "bias": {DP: Split(0)}}
     assert got["no_shard"] == {"weight": {TP: Split(0)}, "bias": {}}  # replicas split nothing
+    assert "also split over ['tp']: use minidist.train.parallelize.clip_grad_norm_" in got["clip"]
 
 
 def test_a_fused_qkv_slice_is_joined_block_by_block():
