@@ -24,6 +24,7 @@ carry gloo's fixed per-call header too: the kernel's ratio sits a little above t
 
 from __future__ import annotations
 
+import gc
 import warnings
 
 import torch
@@ -66,10 +67,15 @@ def forward_memory(model, x, y) -> dict[str, int]:
     created, snapshots live memory before and after each module's forward."""
     mt = MemTracker()
     mt.track_external(model)
-    with warnings.catch_warnings():  # MemTracker warns about the None grads it is handed; harmless
-        warnings.simplefilter("ignore", UserWarning)
-        with mt:
-            out = model(x, y)  # kept alive: the graph holds what backward needs
+    gc.collect()  # a snapshot is all live memory: no garbage from before may be freed inside a module
+    gc.disable()
+    try:
+        with warnings.catch_warnings():  # MemTracker warns about the None grads it is handed; harmless
+            warnings.simplefilter("ignore", UserWarning)
+            with mt:
+                out = model(x, y)  # kept alive: the graph holds what backward needs
+    finally:
+        gc.enable()
     del out
     kept = {"layer_norm": 0, "dropout": 0}
     for m in model.modules():
