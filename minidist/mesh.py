@@ -29,7 +29,7 @@ never a global, and use ranks inside their groups. The trainer asks the question
 (which data shard is mine, who writes files, over which ranks a loss or a norm is summed)
 of the layout, never of the global rank: a new dimension changes the answers here, in one
 place. Where a parameter is split over a dimension, `shard_param` says so on the parameter
-itself, and clipping and checkpoints read it (see minidist.train.parallelize).
+itself, and clipping and checkpoints read it (minidist.sharding).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from minidist import comm
 from minidist.runtime import Topology
+from minidist.sharding import SHARDED_OVER, Split, shard_param, sharded_over  # noqa: F401 - the layout's users
+# declare split parameters through minidist.mesh too; minidist.sharding is where the declaration lives
 
 DP = "dp"
 """Data parallelism as one dimension (DDP, ZeRO, full_shard, ...), or the flattening of (replicate, shard)."""
@@ -53,10 +55,6 @@ DATA_PARALLEL_DIMS = (DP, REPLICATE, SHARD)
 """Dimensions over which ranks see different data."""
 DIM_ORDER = (REPLICATE, SHARD, DP, TP)
 """Outermost first: the last dimension's ranks are consecutive."""
-
-SHARDED_OVER = "sharded_over"
-"""The attribute on a parameter that says which mesh dimensions split it: {dimension name: tensor dim}."""
-
 
 # ------------------------------------------------------------------------------- degrees
 def _divisors(n: int) -> str:
@@ -292,22 +290,3 @@ def group_of(who: str, process_group, mesh: DeviceMesh | None):
         raise ValueError(f"{who} spans one mesh dimension, got a {mesh.ndim}-D mesh with dimensions "
                          f"{mesh.mesh_dim_names}; pass one of them, e.g. mesh[{(mesh.mesh_dim_names or ('dp',))[-1]!r}]")
     return mesh.get_group()
-
-
-# ------------------------------------------------------------------- parameters split over a dimension
-def shard_param(param: torch.Tensor, dim: str, tensor_dim: int | None = 0) -> torch.Tensor:
-    """Declare that `param` holds a slice of a bigger parameter, split over mesh dimension `dim`
-    along its tensor dimension `tensor_dim` (None: split some other way, e.g. FSDP1's flat shards).
-
-    A tensor-parallel layer calls shard_param(weight, TP, 0) for a column-parallel weight.
-    Gradient clipping then sums the slices' squared norms over `dim` (a parameter with no
-    declaration is whole, and counted once), and a whole-model checkpoint gathers the slices
-    along `tensor_dim`. Returns `param`; the declaration is the attribute `param.sharded_over`.
-    """
-    setattr(param, SHARDED_OVER, sharded_over(param) | {dim: tensor_dim})
-    return param
-
-
-def sharded_over(param: torch.Tensor) -> dict[str, int | None]:
-    """{mesh dimension: tensor dim} for each dimension that splits `param`; {} for a whole one."""
-    return dict(getattr(param, SHARDED_OVER, {}))

@@ -235,6 +235,18 @@ def no_sync_cells() -> list[Fact]:
             for e in les.ENGINES for form, v in les.EXPECTED[e.split()[-1]].items()]
 
 
+def tp_vs_ddp_bytes_cells() -> list[Fact]:
+    """TP's and DDP's bytes by formula at every batch size (the lessons job runs at N = 2)."""
+    from minidist.models.gpt import GPT
+    from minidist.tp import cost
+    from recipes.lessons import tp_vs_ddp_bytes as les
+    cfg, n = les.config(small=False), 2
+    ddp = 2 * sum(p.numel() for p in GPT(cfg).parameters()) * 4 * (n - 1) / n
+    return [c for b in les.batch_sizes(small=False) for c in (
+        cell(f"TP's formula at b = {b}", str(b), "TP formula", f"{cost.step_bytes(cfg, b, cfg.block_size, n) / 2**10:.3g}"),
+        cell(f"DDP's formula at b = {b}", str(b), "DDP formula", f"{ddp / 2**10:.3g}"))]
+
+
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
@@ -283,13 +295,17 @@ _LESSON_CLOCK = {
     "no_sync": "",
     "zero1_vs_ddp": "the ms columns and the step-time ratio in the claim",
     "gloo_reduce_scatter": "the time columns and the time ratios in the claim",
+    "tp_vs_ddp_bytes": "",
+    "sequence_parallel": "",
+    "fsdp_x_tp": "",
 }
 _LESSON_CELLS = {"bucket_sweep": bucket_sweep_cells, "fsdp_vs_ddp_bytes": fsdp_vs_ddp_bytes_cells,
-                 "no_sync": no_sync_cells}
+                 "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells}
 _LESSON_STRUCTURE = {
     "bucket_sweep": "the claim's wording; the bucket layout at each cap",
     "fsdp_vs_ddp_bytes": "the claim's wording; the traced bytes of every engine, phase and call type",
     "no_sync": "the claim's wording; how many micro-batches each engine reduces under each form",
+    "tp_vs_ddp_bytes": "the claim's wording; TP's and DDP's bytes by formula at every batch size",
 }
 _LESSON_MEASURED = {
     "bucket_sweep": "layers left",
@@ -300,6 +316,9 @@ _LESSON_MEASURED = {
     "no_sync": "the kernel's byte counts and the errors",
     "zero1_vs_ddp": "the optimizer state",
     "gloo_reduce_scatter": "the kernel's byte counts",
+    "tp_vs_ddp_bytes": "the kernel's byte counts and the crossing",
+    "sequence_parallel": "the kernel's byte counts and the norms' and dropouts' activations (MemTracker)",
+    "fsdp_x_tp": "the kernel's byte counts, the formulas (FSDP's padded units), parameters and peaks (MemTracker)",
 }
 """Decided by the code but measured at full size only when the snippet is generated (checked, at small
 size and at N = 2 and 4, by the lesson's own claim in tests/recipes/test_lessons.py)."""
@@ -339,6 +358,8 @@ def registry() -> dict[str, Snippet]:
                            "measured compute time); measured only when generated: bytes and memory", compare, world=2),
         "lesson_claims": Snippet("lessons", "every claim's wording", "the numbers in the claims (see each lesson)",
                                  lesson_claims),
+        "lesson_fsdp_x_tp_n4": Snippet("lesson_fsdp_x_tp_n4", "the claim's wording", "measured at this size only "
+                                       "when generated: " + _LESSON_MEASURED["fsdp_x_tp"], lesson("fsdp_x_tp")),
     }
     snippets.update(_lessons())
     snippets.update({name: Snippet("code", "every line", "", code_quote(name)) for name in CODE_QUOTES})

@@ -56,6 +56,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "tutorial_fsdp": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part fsdp", 300),
     "lesson_zero1_vs_ddp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.zero1_vs_ddp", 600),
     "bench_zero_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/zero_overlap.py", 600),
+    "lesson_fsdp_x_tp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.fsdp_x_tp", 600),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")

@@ -44,6 +44,7 @@ from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS, Schedule
 from minidist.fsdp.streams import Streams
 from minidist.fsdp.unit import FSDPUnit, UnitPolicy
 from minidist.precision import MixedPrecisionPolicy
+from minidist.sharding import sharded_over
 from minidist.verify import verify_same_model
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
@@ -242,6 +243,11 @@ class FSDP(nn.Module):
         summed again. Under CPU offload the norm travels to the compute device for the
         all_reduce (NCCL reduces device memory) and the scaling happens where the grads are.
         """
+        elsewhere = {d for u in self._units for fp in u.shards.params for d in sharded_over(fp.sharded)}
+        elsewhere -= {self.mesh_info.shard_dim}
+        if elsewhere:  # e.g. tensor-parallel slices: their squared norms must be summed over "tp" too
+            raise ValueError(f"FSDP.clip_grad_norm_ sums over its shard group only, but some parameters are also "
+                             f"split over {sorted(elsewhere)}: use minidist.train.parallelize.clip_grad_norm_")
         grads = [fp.sharded.grad for u in self._units for fp in u.shards.params
                  if fp.sharded.grad is not None and fp.sharded.grad.numel()]
         norm_type = float(norm_type)

@@ -42,8 +42,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import Shard
 
 from minidist.fsdp.layout import CPUOffloadPolicy, MeshInfo, ShardSpec, placements_for
+from minidist.sharding import Split, declare, sharded_over
 
 
 @dataclass
@@ -91,6 +93,11 @@ class FSDPParam:
         unsharded = torch.empty(0, dtype=full.dtype, device=full.device)
         unsharded.set_(full.untyped_storage(), full_offset, spec.global_shape)
         self.unsharded = nn.Parameter(unsharded, requires_grad=requires_grad)
+        # what the original declared (a tensor-parallel slice: minidist.sharding) stays true of both;
+        # the sharded one is also split by rows over FSDP's shard dimension
+        declare(self.unsharded, sharded_over(info.param))
+        rows = {d: Split(0) for d, place in zip(spec.mesh_dims, spec.placements) if isinstance(place, Shard)}
+        declare(self.sharded, sharded_over(info.param) | rows)
 
     def __repr__(self) -> str:
         return f"FSDPParam({self.spec.fqn}, {tuple(self.spec.global_shape)} -> {tuple(self.spec.local_shape)})"

@@ -20,7 +20,7 @@ saves for backward (Megatron instead saves the chunk and gathers it again in bac
 more all_gather per layer for b*s*h*(N-1)/N less memory; minidist keeps SP's bytes equal to TP's).
 
 Both are built from a full nn.Linear that every rank holds alike (e.g. built from the same
-seed), keep their rank's slice, and declare it (minidist.tp.placement) under the names
+seed), keep their rank's slice, and declare it (minidist.sharding, over "tp") under the names
 `weight` and `bias`, so state_dict keys do not change.
 """
 
@@ -32,12 +32,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
 from minidist.tp.conjugates import copy_to_tp, gather_sequence, reduce_from_tp, reduce_scatter_sequence
-from minidist.tp.placement import local_slice, mark_sharded, sharding_of, tp_group, TPShard
-
-
-def _shard(t: torch.Tensor, dim: int, parts: int, rank: int, size: int) -> nn.Parameter:
-    p = nn.Parameter(local_slice(t.detach(), TPShard(dim, parts), rank, size), requires_grad=t.requires_grad)
-    return mark_sharded(p, dim, parts)
+from minidist.tp.placement import sharded_parameter, sharding_of, tp_group
 
 
 class ColumnParallelLinear(nn.Module):
@@ -51,8 +46,8 @@ class ColumnParallelLinear(nn.Module):
         self.group, rank, size = tp_group(device_mesh)
         self.in_features, self.out_features = linear.in_features, linear.out_features // size
         self.sequence_parallel = sequence_parallel
-        self.weight = _shard(linear.weight, 0, parts, rank, size)
-        self.bias = None if linear.bias is None else _shard(linear.bias, 0, parts, rank, size)
+        self.weight = sharded_parameter(linear.weight, 0, rank, size, parts)
+        self.bias = None if linear.bias is None else sharded_parameter(linear.bias, 0, rank, size, parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = gather_sequence(x, self.group) if self.sequence_parallel else copy_to_tp(x, group=self.group)
@@ -72,7 +67,7 @@ class RowParallelLinear(nn.Module):
         self.group, rank, size = tp_group(device_mesh)
         self.in_features, self.out_features = linear.in_features // size, linear.out_features
         self.sequence_parallel = sequence_parallel
-        self.weight = _shard(linear.weight, 1, 1, rank, size)
+        self.weight = sharded_parameter(linear.weight, 1, rank, size)
         self.bias = linear.bias  # replicated: the same Parameter, added once after the sum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

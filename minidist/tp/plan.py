@@ -41,7 +41,7 @@ from minidist.tp.linear import ColumnParallelLinear, RowParallelLinear
 from minidist.tp.placement import tp_group
 from minidist.tp.random import RankRandom
 from minidist.tp.sequence import SequenceParallelLayerNorm, gather_input, scatter_output
-from minidist.tp.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding, vocab_range
+from minidist.tp.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 
 
 def parallelize_gpt(model: GPT, device_mesh: DeviceMesh, *, sequence_parallel: bool = False,
@@ -51,14 +51,7 @@ def parallelize_gpt(model: GPT, device_mesh: DeviceMesh, *, sequence_parallel: b
     cfg = model.cfg
     if any(isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for m in model.modules()):
         raise ValueError("parallelize_gpt: this model is already tensor-parallel; parallelize the plain GPT once")
-    if cfg.n_head % size:
-        raise ValueError(f"tensor parallelism splits attention by heads: n_head={cfg.n_head} does not split over "
-                         f"tp={size} ranks; use a tp that divides n_head")
-    if vocab_parallel:
-        vocab_range(cfg.vocab_size, 0, size)  # raises with one line if it does not split
-    if sequence_parallel and cfg.block_size % size:
-        raise ValueError(f"sequence parallelism splits the sequence: block_size={cfg.block_size} does not split "
-                         f"over tp={size} ranks; use a tp that divides block_size")
+    check_degree(cfg, size, sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
     sp = sequence_parallel
     for block in model.blocks:
         _parallelize_block(block, device_mesh, sp, split_dropout=cfg.dropout > 0)
@@ -66,6 +59,22 @@ def parallelize_gpt(model: GPT, device_mesh: DeviceMesh, *, sequence_parallel: b
     if sp and cfg.dropout > 0:
         model.drop = RankRandom(model.drop, device_mesh)
     return model
+
+
+def check_degree(cfg, size: int, *, sequence_parallel: bool = False, vocab_parallel: bool = False,
+                 setting: str = "tp", prefix: str = "") -> None:
+    """One line naming `setting` where `size` ranks cannot split a GPT of config `cfg`, with the degrees
+    that can: the heads (attention is split by heads, so the width too), the vocabulary
+    (vocab_parallel) and the sequence (sequence_parallel). `prefix`: how the config's keys are spelled."""
+    rules = [("n_head", "attention is split by heads"), ("n_embd", "the width is split")]
+    rules += [("vocab_size", "the vocabulary is split by rows")] if vocab_parallel else []
+    rules += [("block_size", "the sequence is split")] if sequence_parallel else []
+    for key, why in rules:
+        n = getattr(cfg, key)
+        if size < 1 or n % size:
+            valid = [d for d in range(1, cfg.n_head + 1) if all(getattr(cfg, k) % d == 0 for k, _ in rules)]
+            raise ValueError(f"{setting}={size} must divide {prefix}{key}={n} ({why}); "
+                             f"valid: {', '.join(map(str, valid))}")
 
 
 def _parallelize_block(block: nn.Module, mesh: DeviceMesh, sp: bool, split_dropout: bool) -> None:

@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
 from minidist.tp.conjugates import reduce_from_tp, reduce_scatter_sequence
-from minidist.tp.placement import local_slice, mark_sharded, tp_group, TPShard
+from minidist.tp.placement import sharded_parameter, tp_group
 
 
 def vocab_range(vocab_size: int, rank: int, size: int) -> tuple[int, int]:
@@ -50,8 +50,7 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
         self.start, self.end = vocab_range(self.num_embeddings, rank, size)
         self.sequence_parallel = sequence_parallel
-        w = local_slice(embedding.weight.detach(), TPShard(0), rank, size)
-        self.weight = mark_sharded(nn.Parameter(w, requires_grad=embedding.weight.requires_grad), 0)
+        self.weight = sharded_parameter(embedding.weight, 0, rank, size)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         other = (idx < self.start) | (idx >= self.end)  # tokens another rank owns

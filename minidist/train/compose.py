@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from minidist.runtime import UsageError, launched_world
+from minidist.tp.plan import check_degree
 from minidist.train.config import CONFIG_DIR, GROUPS, RunConfig
 from minidist.train.preemption import signal_number
 
@@ -145,6 +146,7 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
     _check_trainer(cfg.trainer)
     _check_strategy(cfg.strategy, world_size, local_world_size)
     check_model(cfg.model)
+    _check_tp(cfg)
 
 
 def _check_trainer(tc) -> None:
@@ -175,8 +177,13 @@ def _check_strategy(st, world_size: int | None, local_world_size: int | None) ->
     if st.name == "single" and world_size != 1:
         raise ConfigError(f"strategy=single runs one process, but this job has {world_size}; use strategy=ddp "
                           f"(or another data-parallel strategy) under torchrun")
+    tp = st.get("tp_size", 1)
+    if tp > 1 and world_size % tp:
+        valid = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)
+        raise ConfigError(f"strategy.tp_size={tp} must divide the {world_size} ranks of this job; valid: {valid}")
     if st.name == "hybrid_shard":
-        check_shard_size("strategy.shard_size", st.shard_size, [world_size], local_world_size)
+        local = local_world_size // tp if local_world_size and tp > 1 else local_world_size
+        check_shard_size("strategy.shard_size", st.shard_size, [world_size // max(tp, 1)], local)
 
 
 def check_shard_size(key: str, shard_size: int | None, worlds: list[int], local_world_size: int | None = None,
@@ -226,6 +233,24 @@ def check_model(model_cfg) -> None:
     except (ValueError, RuntimeError, AssertionError, TypeError, ZeroDivisionError) as exc:
         raise ConfigError(f"model={model_cfg.name} cannot be built from these model.* values: "
                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def _check_tp(cfg: DictConfig) -> None:
+    """strategy.tp_size against the model (the world is checked when the layout is built)."""
+    st = cfg.strategy
+    tp = st.get("tp_size", 1)
+    if tp < 1:
+        raise ConfigError(f"strategy.tp_size={tp} must be >= 1 (1: no tensor parallelism)")
+    if tp == 1:
+        return
+    if cfg.model.name != "gpt":
+        raise ConfigError(f"strategy.tp_size={tp}: tensor parallelism has a plan for model=gpt only; "
+                          f"use strategy.tp_size=1 with model={cfg.model.name}")
+    try:
+        check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
+                     setting="strategy.tp_size", prefix="model.")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -90,8 +90,14 @@ class DDPStrategy:
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are all-reduced in (null = trainer.precision's: bf16/fp16 copies, fp32 otherwise)."""
     tp_size: int = 1
-    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
-    1 until minidist's tensor parallelism lands)."""
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
+    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
+    sequence_parallel: bool = False
+    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
+    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
+    vocab_parallel: bool = False
+    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
+    from split logits; tp_size must divide model.vocab_size."""
 
 
 @dataclass
@@ -109,8 +115,14 @@ class ZeroStrategy:
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are reduce-scattered in (null = trainer.precision's)."""
     tp_size: int = 1
-    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
-    1 until minidist's tensor parallelism lands)."""
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
+    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
+    sequence_parallel: bool = False
+    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
+    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
+    vocab_parallel: bool = False
+    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
+    from split logits; tp_size must divide model.vocab_size."""
 
 
 @dataclass
@@ -132,8 +144,14 @@ class FSDPStrategy:
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are reduce-scattered in (null = param_dtype)."""
     tp_size: int = 1
-    """Tensor-parallel degree: ranks per "tp" group, splitting every layer (must divide the processes;
-    1 until minidist's tensor parallelism lands)."""
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
+    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
+    sequence_parallel: bool = False
+    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
+    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
+    vocab_parallel: bool = False
+    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
+    from split logits; tp_size must divide model.vocab_size."""
 
 
 @dataclass

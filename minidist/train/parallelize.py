@@ -19,15 +19,21 @@ handed the sub-mesh it works over, by name (minidist.mesh):
     no_shard       "dp" = N replicas                FSDP over "dp"             plain
     hybrid_shard   ("replicate", "shard")           FSDP over both             plain (over the shards)
 
-strategy.tp_size adds a "tp" dimension (innermost) to any of them once tensor parallelism
-lands (issue 19): the data-parallel engines then span "dp" inside each tp slice.
+strategy.tp_size = T > 1 adds a "tp" dimension (innermost: its ranks are consecutive) to any
+of them, and N / T data-parallel ranks remain. The model step then starts with tensor
+parallelism, torchtitan's order: minidist.tp.parallelize_gpt over layout["tp"] replaces the
+layers by their slices, and the data-parallel engine above wraps *that* model over "dp"
+(or ("replicate", "shard")) exactly as it would a plain one: it sees ordinary parameters of
+the slices' shapes, the same on every rank of its group. The two never share a collective:
+TP's all_reduces run inside forward and backward on the tp group, the engine's on dp.
 
-A new kind of parallelism (tensor parallel, CPU offload) is a new step here and,
+A new kind of parallelism (CPU offload, pipeline stages) is a new step here and,
 if it shards state, a state-dict method on its engine: the training loop and the
 checkpoints ask the wrapped objects what they offer (`no_sync`, `full_state_dict`,
 `sharded_state_dict`), never which strategy is running. What is split over which
-dimension is declared on the parameters themselves (minidist.mesh.shard_param), so that
-clipping and whole-model checkpoints work for any composition (minidist.train.placement).
+dimension is declared on the parameters themselves (minidist.sharding: TP's slices
+over "tp", FSDP's shards over its dimension), so that clipping and whole-model
+checkpoints work for any composition (minidist.train.placement).
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ import torch.nn as nn
 import minidist
 from minidist.fsdp import ShardingStrategy
 from minidist.mesh import DP, REPLICATE, SHARD, TP, Layout, ParallelDims
+from minidist.models.gpt import GPT
 from minidist.precision import MixedPrecisionPolicy
 from minidist.runtime import Topology
+from minidist.tp import parallelize_gpt
 from minidist.train import placement
 
 FSDP_STRATEGIES = tuple(s.value for s in ShardingStrategy)
@@ -71,9 +79,6 @@ def build_layout(strategy_cfg, topo: Topology) -> Layout:
     else:  # FSDP's full_shard and shard_grad_op split the parameters over every data-parallel rank
         sharded = name in (ShardingStrategy.FULL_SHARD.value, ShardingStrategy.SHARD_GRAD_OP.value)
         dims = ParallelDims.infer(world, tp=tp, shard=-1 if sharded else 1, settings=SETTINGS)
-    if dims.tp > 1:
-        raise ValueError(f"strategy.tp_size={dims.tp}: tensor parallelism is not available yet; "
-                         f"use strategy.tp_size=1")
     return dims.build(topo.device.type)
 
 
@@ -81,17 +86,23 @@ def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tup
                 policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """Wrap `model` (already on its device) as the strategy says; returns what forward/backward run on."""
     name = strategy_cfg.name
+    if layout.size(TP) > 1:  # the layers first, then data parallelism over what remains
+        model = _apply_tp(model, layout[TP], strategy_cfg)
     if name in FSDP_STRATEGIES:
-        declared = placement.by_name(model)  # FSDP makes new parameters: carry declarations by name
         hybrid = name == ShardingStrategy.HYBRID_SHARD.value
-        wrapped = _apply_fsdp(model, layout[(REPLICATE, SHARD)] if hybrid else layout[DP], strategy_cfg,
-                              block_types, policy)
-        split = (SHARD,) if hybrid else () if name == ShardingStrategy.NO_SHARD.value else (DP,)
-        placement.redeclare(unwrap(wrapped), declared, split)
-        return wrapped
+        return _apply_fsdp(model, layout[(REPLICATE, SHARD)] if hybrid else layout[DP], strategy_cfg,
+                           block_types, policy)
     if name in DDP_STRATEGIES:
         return _apply_ddp(model, layout[DP], strategy_cfg, policy)
     return model
+
+
+def _apply_tp(model: nn.Module, mesh, cfg) -> nn.Module:
+    """Megatron-LM's layout over the 1-D "tp" mesh (minidist.tp.parallelize_gpt), in place."""
+    if not isinstance(model, GPT):
+        raise ValueError(f"strategy.tp_size={mesh.size()}: tensor parallelism has a plan for model=gpt only, "
+                         f"not {type(model).__name__}; use strategy.tp_size=1")
+    return parallelize_gpt(model, mesh, sequence_parallel=cfg.sequence_parallel, vocab_parallel=cfg.vocab_parallel)
 
 
 def _apply_ddp(model: nn.Module, mesh, cfg, policy: MixedPrecisionPolicy | None) -> nn.Module:
@@ -186,10 +197,19 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, optimizer
     (minidist.train.placement.global_norm). Then every gradient is scaled by
     min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ does.
     ZeRO keeps the averaged gradients in its optimizer's partitions (p.grad is None
-    after backward), so there the optimizer clips (one scalar all_reduce over "dp").
+    after backward): there the pieces it holds are grouped by their parameter's
+    declaration, plus "dp" (each element lives on one data-parallel rank).
     """
-    if hasattr(optimizer, "clip_grad_norm_"):
-        return optimizer.clip_grad_norm_(max_norm)
+    if hasattr(optimizer, "grad_pieces"):
+        pieces, split_over_dp = optimizer.grad_pieces()
+        also = (DP,) if split_over_dp else ()
+        groups = {placement.dims_of(p, also): [] for p in optimizer.parameters_in_order}  # the same on every rank
+        for p, g in pieces:
+            groups[placement.dims_of(p, also)].append(g)
+        total = placement.global_norm(groups, layout, norm_type)
+        if pieces:  # views of the partitions' fp32 gradients: scaling them scales the step
+            torch._foreach_mul_([g for _, g in pieces], torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        return total
     params = list(model.parameters())
     total = placement.global_norm(params, layout, norm_type)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
@@ -210,5 +230,5 @@ def full_state_dict(model: nn.Module, layout: Layout) -> dict:
     else:
         state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()} if first else {}
     if first:
-        state = placement.gather_whole(state, placement.tensor_dims(unwrap(model), TP), layout, TP)
+        state = placement.gather_whole(state, placement.splits(unwrap(model), TP), layout, TP)
     return state if layout.is_main else {}

@@ -71,10 +71,10 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, layou
         return out if layout.is_main else {}
     by_name = optimizer_by_name(optimizer, module) if layout.dp_rank == 0 else {"state": {}}
     if layout.dp_rank == 0 and layout.size(TP) > 1:
-        dims = placement.tensor_dims(module, TP)
+        split = placement.splits(module, TP)
         shapes = {n: p.shape for n, p in module.named_parameters()}
         for name, tensors in _elementwise(by_name, shapes).items():
-            flat = placement.gather_whole(tensors, {k: dims[name] for k in tensors} if name in dims else {},
+            flat = placement.gather_whole(tensors, {k: split[name] for k in tensors} if name in split else {},
                                           layout, TP)
             by_name["state"][name] = by_name["state"][name] | flat
     out["optimizer"] = by_name
@@ -86,15 +86,15 @@ def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer | None, whole:
     """Load whole_state()'s form (present on every rank) into `model` and `optimizer` (plain ones:
     over the model's parameters, or over FSDP's shards), each cut to this rank's tp slice."""
     module = unwrap(model)
-    dims = placement.tensor_dims(module, TP)
-    weights = placement.local_slice(whole["model"], dims, layout, TP)
+    split = placement.splits(module, TP)
+    weights = placement.local_slice(whole["model"], split, layout, TP)
     sharded = hasattr(model, "load_full_state_dict")
     if optimizer is not None and "optimizer" in whole:
         shapes = {n: t.shape for n, t in whole["model"].items()}
         state = {}
         for n, st in whole["optimizer"]["state"].items():
             cut = _elementwise({"state": {n: st}}, shapes)[n]
-            state[n] = st | placement.local_slice(cut, {k: dims[n] for k in cut} if n in dims else {}, layout, TP)
+            state[n] = st | placement.local_slice(cut, {k: split[n] for k in cut} if n in split else {}, layout, TP)
         by_name = {"state": state, "param_groups": whole["optimizer"]["param_groups"]}
         if sharded:
             _state_into_shards(model, module, optimizer, by_name, weights)

@@ -37,10 +37,14 @@ class LanguageModeling:
 
     @staticmethod
     def eval_sums(model: nn.Module, batch) -> torch.Tensor:
-        """[summed loss in nats, tokens] on the model's device (NCCL reduces device tensors only)."""
-        logits, _ = model(batch[0])
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[1].reshape(-1), reduction="sum")
-        return torch.stack([loss.detach().double(), loss.new_tensor(batch[1].numel(), dtype=torch.float64)])
+        """[summed loss in nats, tokens] on the model's device (NCCL reduces device tensors only).
+
+        The model's own loss (its criterion, fp32 under autocast): under vocabulary parallelism each
+        rank's logits are its slice of the vocabulary, and only the model's loss sees all of them.
+        """
+        _, loss = model(batch[0], batch[1])
+        n = batch[1].numel()
+        return torch.stack([loss.detach().double() * n, loss.new_tensor(n, dtype=torch.float64)])
 
     @staticmethod
     def report(sums: torch.Tensor) -> dict[str, float]:

@@ -127,6 +127,11 @@ class FlatPartitions:
         """(this rank's gradients, whether they are shards to be summed across ranks)."""
         return [b.master.grad for b in self.buckets if b.master.grad is not None], True
 
+    def grad_pieces(self) -> tuple[list[tuple[int, torch.Tensor]], bool]:
+        """(parameter position, a view of its piece of this rank's averaged gradient) per piece; True: shards."""
+        return [(piece.param, b.master.grad[piece.slice_start:piece.slice_start + piece.numel])
+                for b in self.buckets if b.master.grad is not None for piece in b.layout.pieces(self.rank)], True
+
     # ------------------------------------------------------------------ checkpoints
     def local_pieces(self) -> list[list[Piece]]:
         """For each partition the inner optimizer steps (in its order): the parameter pieces it holds."""

@@ -110,6 +110,10 @@ class OwnerBroadcast:
         """Every rank holds every averaged gradient: the norm needs no communication."""
         return [p.grad for p in self.params if p.grad is not None], False
 
+    def grad_pieces(self) -> tuple[list[tuple[int, torch.Tensor]], bool]:
+        """Every parameter's whole averaged gradient, by position; False: the same on every rank."""
+        return [(i, p.grad) for i, p in enumerate(self.params) if p.grad is not None], False
+
     def local_pieces(self) -> list[list[Piece]]:
         return [[Piece(i, 0, 0, p.numel())] for i, (p, r) in enumerate(zip(self.params, self.owner))
                 if r == self.rank]

@@ -168,6 +168,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
             torch._foreach_mul_(grads, coef.to(grads[0].dtype))
         return total
 
+    def grad_pieces(self) -> tuple[list[tuple[nn.Parameter, torch.Tensor]], bool]:
+        """This rank's averaged gradients, each beside the parameter it belongs to, and whether they are
+        shards of the group (True: ZeRO-1/2's pieces of its partitions, every element on exactly one
+        rank; False: the owner-broadcast variant's whole gradients, the same on every rank).
+
+        For a norm that depends on the parameters, where clip_grad_norm_ above sums over this
+        group only: a tensor-parallel slice's squared norm is also summed over "tp", a parameter
+        replicated over "tp" is not (minidist.train.parallelize.clip_grad_norm_). The tensors are
+        views: scaling them in place scales what step() applies.
+        """
+        pieces, sharded = self.engine.grad_pieces()
+        return [(self._params[i], g) for i, g in pieces], sharded
+
     def wait_for_params(self) -> None:
         """Make the model's parameters current (with overlap_param_gather they may still be in flight)."""
         self.engine.wait_for_params()

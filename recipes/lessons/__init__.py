@@ -16,5 +16,8 @@ LESSONS = (
     "no_sync",
     "zero1_vs_ddp",
     "gloo_reduce_scatter",
+    "tp_vs_ddp_bytes",
+    "sequence_parallel",
+    "fsdp_x_tp",
 )
 """Module names under recipes.lessons, in reading order."""

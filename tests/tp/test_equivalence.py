@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minidist.tp import local_slice, sharding_of
+from minidist.sharding import cut
+from minidist.tp import sharding_of
 from tests.tp.helpers import batches, models, parallel
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -21,7 +22,7 @@ PLANS = {
 
 def _expected_grad(p_tp: torch.Tensor, p_ref: torch.Tensor) -> torch.Tensor:
     spec = sharding_of(p_tp)
-    return p_ref.grad if spec is None else local_slice(p_ref.grad, spec, dist.get_rank(), dist.get_world_size())
+    return p_ref.grad if spec is None else cut(p_ref.grad, spec, dist.get_rank(), dist.get_world_size())
 
 
 def body_equal(plan: dict, steps: int = 3, **model_overrides) -> list[tuple[float, float, float]]:

@@ -15,6 +15,8 @@ import pytest
 
 from minidist import comm
 from minidist.comm import kernel_io
+from minidist.models.gpt import GPTConfig
+from minidist.tp import cost
 from tests.tp.helpers import batches, models, parallel
 
 PLANS = {"tp": {}, "sp": dict(sequence_parallel=True)}
@@ -53,6 +55,8 @@ def body_inventory(sp: bool, vocab: bool) -> tuple[dict, int]:
     got = Counter((r.op, r.numel) for r in tr.records)
     want = _expected(sp, vocab, b, s, cfg["n_embd"], cfg["n_layer"])
     assert got == want, f"collectives {dict(got)}\n expected {dict(want)}"
+    formula = cost.collectives(GPTConfig(**cfg), b, s, sequence_parallel=sp, vocab_parallel=vocab)
+    assert got == formula, f"collectives {dict(got)}\n minidist.tp.cost says {dict(formula)}"
     return {op: sum(r.sent_bytes for r in tr.records if r.op == op and r.numel == b * s * cfg["n_embd"])
             for op in ("all_reduce", "all_gather", "reduce_scatter")}, tr.sent_bytes
 

@@ -63,6 +63,13 @@ def test_experiments_compose():
     ("strategy.bucket_cap_mb=-1", ["strategy.bucket_cap_mb=-1.0 must be > 0"]),
     ("trainer.log_interval=0", ["trainer.log_interval=0 must be >= 1"]),
     ("trainer.preempt_signals=[SIGTERM,SIGFOO]", ["unknown signal 'SIGFOO'", "SIGUSR1"]),
+    ("strategy.tp_size=3", ["strategy.tp_size=3 must divide model.n_head=4", "valid: 1, 2, 4"]),
+    ("strategy=zero1 strategy.tp_size=2 strategy.vocab_parallel=true model.vocab_size=255",
+     ["strategy.tp_size=2 must divide model.vocab_size=255", "valid: 1"]),
+    ("strategy=full_shard strategy.tp_size=4 strategy.sequence_parallel=true model.block_size=130",
+     ["strategy.tp_size=4 must divide model.block_size=130", "valid: 1, 2"]),
+    ("experiment=resnet_synthetic strategy.tp_size=2", ["strategy.tp_size=2", "model=gpt only"]),
+    ("strategy.tp_size=0", ["strategy.tp_size=0 must be >= 1"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     with pytest.raises(ConfigError) as info:

@@ -10,21 +10,22 @@ from minidist.train import compose_config
 from minidist.train.parallelize import build_layout, parallelize
 from minidist.train.task import make_task
 
-CASES = {"ddp": [], "zero1": [], "full_shard": [], "no_shard": [], "hybrid_shard": ["strategy.shard_size=1"]}
+CASES = {"ddp": [], "zero1": [], "full_shard": [], "no_shard": [], "hybrid_shard": ["strategy.shard_size=1"],
+         "full_shard tp": ["strategy.tp_size=2"]}
 
 
 def _layouts() -> dict:
     topo = runtime.init("gloo")
     out = {}
     for name, extra in CASES.items():
-        cfg = compose_config(["experiment=gpt_tiny", f"strategy={name}", *extra])
+        cfg = compose_config(["experiment=gpt_tiny", f"strategy={name.split()[0]}", *extra])
         layout = build_layout(cfg.strategy, topo)
         model = parallelize(make_task(cfg.model).build()[0], layout, cfg.strategy, (Block,))
         group = getattr(model, "shard_group", False)  # FSDP: the ranks that split its parameters
         out[name] = {"names": layout.names, "shape": tuple(layout.mesh.shape), "dp": layout.dp_size,
                      "fsdp": group if group in (False, None) else torch.distributed.get_world_size(group)}
     errors = {}
-    for overrides in (["strategy=ddp", "strategy.tp_size=2"], ["strategy=full_shard", "strategy.tp_size=3"],
+    for overrides in (["strategy=full_shard", "model.n_head=3", "model.n_embd=48", "strategy.tp_size=3"],
                       ["strategy=hybrid_shard", "strategy.shard_size=3"]):
         with pytest.raises(ValueError) as e:
             build_layout(compose_config(["experiment=gpt_tiny", *overrides]).strategy, topo)
@@ -40,8 +41,8 @@ def test_each_strategy_gets_its_layout_and_sub_mesh(run_dist):
     assert got["hybrid_shard"]["names"] == ("replicate", "shard") and got["hybrid_shard"]["shape"] == (2, 1)
     assert got["hybrid_shard"]["fsdp"] == 1  # shard groups of 1 rank, two replicas
     errors = got["errors"]
-    assert errors["strategy.tp_size=2"] == ("strategy.tp_size=2: tensor parallelism is not available yet; "
-                                            "use strategy.tp_size=1")
+    assert (got["full_shard tp"]["names"], got["full_shard tp"]["shape"]) == (("dp", "tp"), (1, 2))
+    assert got["full_shard tp"]["fsdp"] == 1  # FSDP spans "dp" only: one rank here, tp takes the other
     assert errors["strategy.tp_size=3"] == "strategy.tp_size=3 must divide the 2 processes of the job; valid: 1, 2"
     assert errors["strategy.shard_size=3"] == ("strategy.shard_size=3 must divide the 2 processes of the job; "
                                                "valid: 1, 2")

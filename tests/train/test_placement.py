@@ -1,7 +1,7 @@
 """What is split where: the global gradient norm over any layout, and the whole model from its slices.
 
-Tensor parallelism is not merged yet, so its parameters are sharded by hand here: each rank
-holds a slice of a seeded whole tensor and declares it (minidist.mesh.shard_param), exactly
+The norm tests shard parameters by hand, mixing every kind of declaration in one model: each rank
+holds a slice of a seeded whole tensor and declares it (minidist.sharding.shard_param), exactly
 what a tensor-parallel layer does. The references are whole tensors on one process.
 """
 
@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 
 from minidist import runtime
-from minidist.mesh import DP, TP, ParallelDims, shard_param
+from minidist.mesh import DP, TP, ParallelDims
+from minidist.sharding import Split, cut, join, shard_param, sharded_over
 from minidist.models import Block
 from minidist.train import compose_config
 from minidist.train.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
@@ -112,15 +113,35 @@ def test_every_strategy_clips_the_whole_models_norm(run_dist):
         assert got["ddp sharded"] == [()] and got["no_shard sharded"] == [()]
 
 
-def test_declarations_survive_a_wrapper_that_makes_new_parameters():
-    from minidist.train.placement import by_name, redeclare
-    before = nn.Linear(4, 4)
-    shard_param(before.weight, TP, 0)  # a tensor-parallel slice, declared before wrapping
-    declared = by_name(before)
-    silent = nn.Linear(4, 4)  # the wrapper's new parameters, nothing declared: it split them all
-    redeclare(silent, declared, (DP,))
-    assert (silent.weight.sharded_over, silent.bias.sharded_over) == ({TP: 0, DP: None}, {DP: None})
-    speaking = nn.Linear(4, 4)  # a wrapper that declares: its undeclared parameters are whole
-    shard_param(speaking.weight, DP, 0)
-    redeclare(speaking, declared, (DP,))
-    assert (speaking.weight.sharded_over, speaking.bias.sharded_over) == ({TP: 0, DP: 0}, {})
+def _fsdp_declarations() -> dict:
+    from minidist import FSDP
+    from minidist.mesh import data_parallel_mesh
+    topo = runtime.init("gloo")
+    out = {}
+    for strategy in ("full_shard", "no_shard"):
+        net = nn.Linear(4, 4)
+        shard_param(net.weight, TP, 0)  # a tensor-parallel slice, declared before wrapping
+        model = FSDP(net, mesh=data_parallel_mesh(topo), sharding_strategy=strategy)
+        out[strategy] = {n: sharded_over(p) for n, p in model.module.named_parameters()}
+    model(torch.ones(2, 4)).sum().backward()
+    try:  # FSDP's own clip sums over its shard group only: it cannot be right for a tp slice
+        model.clip_grad_norm_(1.0)
+    except ValueError as exc:
+        out["clip"] = str(exc)
+    return out
+
+
+def test_fsdp_keeps_a_declaration_on_the_parameters_it_makes_and_adds_its_own(run_dist):
+    got = run_dist(2, _fsdp_declarations)[0]
+    assert got["full_shard"] == {"weight": {TP: Split(0), DP: Split(0)}, "bias": {DP: Split(0)}}
+    assert got["no_shard"] == {"weight": {TP: Split(0)}, "bias": {}}  # replicas split nothing
+    assert "also split over ['tp']: use minidist.train.parallelize.clip_grad_norm_" in got["clip"]
+
+
+def test_a_fused_qkv_slice_is_joined_block_by_block():
+    """q | k | v split over 2 ranks: rank r holds q_r | k_r | v_r; joining end to end would mix them."""
+    whole = torch.arange(12.0).view(6, 2)  # q rows 0-1, k rows 2-3, v rows 4-5
+    qkv = Split(0, parts=3)
+    slices = [cut(whole, qkv, r, 2) for r in range(2)]
+    assert slices[0][:, 0].tolist() == [0.0, 4.0, 8.0]  # q's, k's and v's first row
+    assert torch.equal(join(slices, qkv), whole)

@@ -1,0 +1,122 @@
+"""Sequence parallelism moves tensor parallelism's bytes and divides the activations between its regions.
+
+    torchrun --standalone --nproc_per_node=2 -m recipes.lessons.sequence_parallel     (and --nproc_per_node=4)
+
+Under TP every rank of the group holds the whole (b, s, h) activations between two TP
+regions (after g's all_reduce) and repeats the same work on them: layer norms, dropouts,
+residual adds, each keeping its input or mask for backward. An all_reduce is a
+reduce_scatter followed by an all_gather; sequence parallelism (Korthikanti et al. 2022,
+minidist.tp.sequence) stops after the reduce_scatter, runs the norms and dropouts on this
+rank's s/N tokens, and does the all_gather at the entrance of the next region. Per block
+and step:
+
+    TP       4 all_reduces of b s h                 8 b s h e (N-1)/N bytes per rank
+    TP + SP  4 reduce_scatters + 4 all_gathers       the same 8 b s h e (N-1)/N
+
+plus, under SP, the gradients of what stays replicated but now sees 1/N of the tokens on
+each rank (each norm's weight and bias, each row-parallel bias, the position embedding),
+summed over the ranks: a few h-sized collectives (minidist.tp.cost has the inventory). Both runs here split the vocabulary too
+(its embedding and loss move the same activations either way). The activations the norms
+and dropouts keep are measured by torch's MemTracker (live tensor memory before and after
+each module's forward), not by minidist: 1/N of TP's under SP. (SP's extra collectives each
+carry gloo's fixed per-call header too: the kernel's ratio sits a little above the formula's.)
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import torch
+import torch.nn as nn
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import init_device_mesh
+
+from minidist.mesh import TP
+from minidist.models.gpt import GPT, GPTConfig
+from minidist.tp import cost, parallelize_gpt
+from recipes.lessons.common import Context, kernel_bytes, main_for
+
+TITLE = "Sequence parallelism: TP's bytes, 1/N of the norms' and dropouts' activations"
+
+CLAIM = ("sequence parallelism writes {ratio:.4f}x TP's bytes per step (kernel-counted; the formula, equal "
+         "activation bytes plus {extra:.1f} KiB of the replicated norms', biases' and positions' gradients, "
+         "{want:.4f}x) and keeps 1/{n} of the norms' and dropouts' activations ({sp:.0f} of {tp:.0f} KiB per rank, "
+         "torch's MemTracker)")
+
+
+def config(small: bool) -> GPTConfig:
+    return GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.1)
+
+
+def build(cfg: GPTConfig, sp: bool):
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=(TP,))
+    return parallelize_gpt(GPT(cfg), mesh, sequence_parallel=sp, vocab_parallel=True)
+
+
+def step(model, x, y) -> None:
+    model(x, y)[1].backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def forward_memory(model, x, y) -> dict[str, int]:
+    """Bytes each layer norm and dropout module allocated in the forward and left alive for backward
+    (its output, a norm's statistics, a dropout's mask): torch's MemTracker, which sees every tensor
+    created, snapshots live memory before and after each module's forward."""
+    mt = MemTracker()
+    mt.track_external(model)
+    gc.collect()  # a snapshot is all live memory: no garbage from before may be freed inside a module
+    gc.disable()
+    try:
+        with warnings.catch_warnings():  # MemTracker warns about the None grads it is handed; harmless
+            warnings.simplefilter("ignore", UserWarning)
+            with mt:
+                out = model(x, y)  # kept alive: the graph holds what backward needs
+    finally:
+        gc.enable()
+    del out
+    kept = {"layer_norm": 0, "dropout": 0}
+    for m in model.modules():
+        kind = "layer_norm" if isinstance(m, nn.LayerNorm) else "dropout" if isinstance(m, nn.Dropout) else None
+        if kind is not None:
+            snaps = mt.memory_tracking[m].snapshots
+            before, after = snaps["Pre-Forward"][-1][x.device], snaps["Post-Forward"][-1][x.device]
+            kept[kind] += after["Total"] - before["Total"]
+    return kept
+
+
+def run(ctx: Context) -> None:
+    cfg, n = config(ctx.small), ctx.world
+    b = 16 if ctx.small else 32
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (b, cfg.block_size + 1), generator=g)  # the same on every tp rank
+    x, y = x[:, :-1], x[:, 1:]
+    rows, got = [], {}
+    for name, sp in (("TP", False), ("TP + SP", True)):
+        model = build(cfg, sp)
+        model.train()
+        for _ in range(2):
+            step(model, x, y)
+        sent = kernel_bytes(lambda: step(model, x, y))
+        mem = forward_memory(model, x, y)
+        got[name] = (sent, mem)
+        rows.append([name, sent / 2**10, mem["layer_norm"] / 2**10, mem["dropout"] / 2**10])
+    L, h, s = cfg.n_layer, cfg.n_embd, cfg.block_size
+    tp_formula, sp_formula = (cost.step_bytes(cfg, b, s, n, sequence_parallel=sp, vocab_parallel=True)
+                              for sp in (False, True))
+    extra = sp_formula - tp_formula
+    ctx.say(f"GPT L = {L}, h = {h}, b = {b}, s = {s}, dropout {cfg.dropout}, vocabulary split, N = {n}: bytes each "
+            f"rank wrote in one forward + backward (kernel), and what the forward's layer norms and dropouts "
+            f"allocated and kept (torch's MemTracker); TP's formula {tp_formula / 2**10:.1f} KiB")
+    ctx.table(["plan", "written KiB", "layer_norm KiB", "dropout KiB"], rows)
+    (tp_sent, tp_mem), (sp_sent, sp_mem) = got["TP"], got["TP + SP"]
+    ratio, want = sp_sent / tp_sent, sp_formula / tp_formula
+    tp_act, sp_act = sum(tp_mem.values()), sum(sp_mem.values())
+    ctx.claim(CLAIM.format(ratio=ratio, extra=extra / 2**10, want=want, n=n, sp=sp_act / 2**10, tp=tp_act / 2**10),
+              abs(ratio - want) < 0.01 and all(sp_mem[k] * n == tp_mem[k] > 0 for k in tp_mem))
+
+
+if __name__ == "__main__":
+    main_for(run, TITLE)
