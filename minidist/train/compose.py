@@ -144,9 +144,9 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
     if cfg.resume not in ("never", "auto") and not Path(cfg.resume).is_dir():
         raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
     _check_trainer(cfg.trainer)
-    _check_strategy(cfg.strategy, world_size, local_world_size)
     check_model(cfg.model)
     _check_tp(cfg)
+    _check_strategy(cfg.strategy, world_size, local_world_size)
 
 
 def _check_trainer(tc) -> None:
@@ -177,13 +177,14 @@ def _check_strategy(st, world_size: int | None, local_world_size: int | None) ->
     if st.name == "single" and world_size != 1:
         raise ConfigError(f"strategy=single runs one process, but this job has {world_size}; use strategy=ddp "
                           f"(or another data-parallel strategy) under torchrun")
-    tp = st.get("tp_size", 1)
-    if tp > 1 and world_size % tp:
-        valid = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)
-        raise ConfigError(f"strategy.tp_size={tp} must divide the {world_size} ranks of this job; valid: {valid}")
-    if st.name == "hybrid_shard":
-        local = local_world_size // tp if local_world_size and tp > 1 else local_world_size
-        check_shard_size("strategy.shard_size", st.shard_size, [world_size // max(tp, 1)], local)
+    if st.name == "hybrid_shard" and st.get("tp_size", 1) == 1:
+        check_shard_size("strategy.shard_size", st.shard_size, [world_size], local_world_size)
+    from minidist.train.parallelize import layout_dims  # the engines' own rule (tp_size x shard_size)
+
+    try:
+        layout_dims(st, world_size, local_world_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_shard_size(key: str, shard_size: int | None, worlds: list[int], local_world_size: int | None = None,

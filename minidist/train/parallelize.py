@@ -66,7 +66,13 @@ SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size"}
 
 def build_layout(strategy_cfg, topo: Topology) -> Layout:
     """The strategy's degrees, checked against the world (one line naming the setting), as a Layout."""
-    name, world = strategy_cfg.name, topo.world_size
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", topo.world_size))
+    return layout_dims(strategy_cfg, topo.world_size, local).build(topo.device.type)
+
+
+def layout_dims(strategy_cfg, world: int, local_world: int | None = None) -> ParallelDims:
+    """The strategy's degrees at `world` ranks (`local_world` per node); ValueError names the setting."""
+    name = strategy_cfg.name
     if name == "single" and world != 1:
         raise ValueError(f"strategy=single runs one process, but the world has {world}; "
                          f"use strategy=ddp (or another data-parallel strategy) under torchrun")
@@ -74,12 +80,11 @@ def build_layout(strategy_cfg, topo: Topology) -> Layout:
     if name == "hybrid_shard":
         shard = strategy_cfg.shard_size
         if shard is None:  # one shard group per node: all_gather/reduce_scatter on the fast links
-            shard = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)) // max(tp, 1))
-        dims = ParallelDims.infer(world, tp=tp, shard=shard, hybrid=True, settings=SETTINGS)
-    else:  # FSDP's full_shard and shard_grad_op split the parameters over every data-parallel rank
-        sharded = name in (ShardingStrategy.FULL_SHARD.value, ShardingStrategy.SHARD_GRAD_OP.value)
-        dims = ParallelDims.infer(world, tp=tp, shard=-1 if sharded else 1, settings=SETTINGS)
-    return dims.build(topo.device.type)
+            shard = max(1, (local_world or world) // max(tp, 1))
+        return ParallelDims.infer(world, tp=tp, shard=shard, hybrid=True, settings=SETTINGS)
+    # FSDP's full_shard and shard_grad_op split the parameters over every data-parallel rank
+    sharded = name in (ShardingStrategy.FULL_SHARD.value, ShardingStrategy.SHARD_GRAD_OP.value)
+    return ParallelDims.infer(world, tp=tp, shard=-1 if sharded else 1, settings=SETTINGS)
 
 
 def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tuple[type, ...],
