@@ -234,6 +234,18 @@ def no_sync_cells() -> list[Fact]:
             for e in les.ENGINES for form, v in les.EXPECTED[e.split()[-1]].items()]
 
 
+def traced_step(engine: str) -> Callable[[], list[Fact]]:
+    """The collectives of the traced step (recipes/traced_step.py), counted per op, after its warm-up."""
+    def facts() -> list[Fact]:
+        import torch
+        import torch.distributed as dist
+
+        from recipes import traced_step as ts
+        x = torch.randn(16, ts.WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
+        return [text(f"{engine}: the collectives of one step", ts.calls_line(ts.traced(engine, x)["records"]))]
+    return facts
+
+
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
@@ -340,6 +352,10 @@ def registry() -> dict[str, Snippet]:
                                  lesson_claims),
     }
     snippets.update(_lessons())
+    snippets.update({f"traced_step_{e}": Snippet("traced_step", "the collectives of the step (ops and counts)",
+                                                 "every time; the order of the moments (the picture beside it, "
+                                                 f"docs/generated/step_{e}.png, is redrawn with it)", traced_step(e),
+                                                 world=2) for e in ("ddp", "zero", "fsdp")})
     snippets.update({name: Snippet("code", "every line", "", code_quote(name)) for name in CODE_QUOTES})
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled

@@ -55,6 +55,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "tutorial_fsdp": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part fsdp", 300),
     "lesson_zero1_vs_ddp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.zero1_vs_ddp", 600),
     "bench_zero_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/zero_overlap.py", 600),
+    "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")
@@ -167,6 +168,10 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
         out["lesson_claims"] = "\n".join(f"{i + 1}. `{n}`: {c.removeprefix('claim: ')}"
                                          for i, (n, c) in enumerate(zip(LESSONS, claims))) + "\n"
         return out
+    if job == "traced_step":  # one section per engine; the pictures are written beside (step_<engine>.png)
+        from recipes.traced_step import ENGINES
+        parts = dict(re.findall(r"^== (\w+): (.*?)(?=^== |\Z)", output, flags=re.M | re.S))
+        return {f"traced_step_{e}": snippet(f"{command} --engine {e}", f"== {e}: {parts[e]}") for e in ENGINES}
     return {job: snippet(command, output)}
 
 
