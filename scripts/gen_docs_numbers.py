@@ -55,6 +55,9 @@ JOBS: dict[str, tuple[str, int]] = {
     "tutorial_fsdp": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part fsdp", 300),
     "lesson_zero1_vs_ddp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.zero1_vs_ddp", 600),
     "bench_zero_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/zero_overlap.py", 600),
+    "worked_numbers_xl": ("python -m recipes.worked_numbers", 300),
+    "worked_numbers_n4": (f"{TORCHRUN.format(n=4)} -m recipes.worked_numbers --measure", 900),
+    "bench_bucket_overhead": (f"{TORCHRUN.format(n=2)} benchmarks/bucket_overhead.py", 600),
     "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
 }
 
