@@ -23,6 +23,7 @@ a lane per overlapping collective. The numbers in the picture are the printed li
 from __future__ import annotations
 
 import argparse
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,12 +268,12 @@ def report(engine: str, ranks: list[dict], out: Path) -> None:
     t0 = min(p[1] for r in ranks for p in r["phases"])
     moments = MOMENTS[engine](raw)
     print(f"== {engine}: {TITLES[engine]}")
-    print(f"N = {len(ranks)}; inp, {BLOCKS} blocks, out: Linear({WIDTH}, {WIDTH}) each; blocks sleep "
+    print(f"N = {len(ranks)}; inp, {BLOCKS} blocks, out: Linear({WIDTH}, {WIDTH}) each;\nblocks sleep "
           f"{SECONDS * 1e3:.0f} ms forward, {2 * SECONDS * 1e3:.0f} ms backward")
     print(calls_line(raw["records"]))
     print("rank 0's step, ms since the step started:")
     for n, (t, _, text) in enumerate(moments, 1):
-        print(f"{n:>2}. {(t - t0) * 1e3:6.1f}  {text}")
+        print(textwrap.fill(text, 100, initial_indent=f"{n:>2}. {(t - t0) * 1e3:6.1f}  ", subsequent_indent=" " * 12))
     out.mkdir(parents=True, exist_ok=True)
     path = draw_step(ranks, out / f"step_{engine}.png", TITLES[engine], moments)
     print(f"timeline: {path}")

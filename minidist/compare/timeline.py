@@ -156,7 +156,7 @@ def draw_step(ranks: list[dict], path: Path, title: str, moments: list[tuple[flo
     lanes = [_lanes(r["records"]) for r in ranks]
     span = max(ms(p[2]) for r in ranks for p in r["phases"])
     heights = [2 + max(ls, default=-1) + 1 for ls in lanes]
-    fig, ax = plt.subplots(figsize=(13, 1.4 + 0.42 * (sum(heights) + len(ranks))))
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.36 * (sum(heights) + len(ranks))))
     ticks, labels, rows0 = [], [], {}
     y = 0.0
     for raw, ls, h in zip(ranks, lanes, heights):
@@ -199,7 +199,7 @@ def draw_step(ranks: list[dict], path: Path, title: str, moments: list[tuple[flo
     handles = ([Patch(color=c, label=k) for k, c in PHASE_COLORS.items()]
                + [Patch(color=c, label=k) for k, c in PROBE_COLORS.items() if k in kinds]
                + [Patch(color=c, alpha=0.6, label=f"{k} ({OP_ABBREV[k]})") for k, c in OP_COLORS.items() if k in ops])
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, ncol=len(handles),
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=7, ncol=(len(handles) + 1) // 2,
               frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
