@@ -121,28 +121,25 @@ def xl_tables(worlds=(4, 8)) -> None:
     """Print the XL's tables (every number decided by the shapes: scripts/docs_facts.py holds them to the code)."""
     sh = Shapes.of(XL, worlds)
     root, unit = sh.unit_elems(worlds[0])
-    print(f"model: CS336's XL in minidist's GPT: d_model {XL.n_embd}, d_ff {4 * XL.n_embd}, {XL.n_layer} layers, "
+    print(f"model: CS336's XL in minidist's GPT: d_model {XL.n_embd}, d_ff {4 * XL.n_embd}, {XL.n_layer} layers,\n"
           f"{XL.n_head} heads, vocabulary {XL.vocab_size}, context {XL.block_size}")
-    print(f"psi = {sh.psi / 1e9:.3f}B parameters; S = {4 * sh.psi / GB:.2f} GB in fp32; one Block (S_unit) "
+    print(f"psi = {sh.psi / 1e9:.3f}B parameters; S = {4 * sh.psi / GB:.2f} GB in fp32;\none Block (S_unit) "
           f"{sh.unit_elems(1)[1] / 1e6:.2f}M parameters, the root (S_root: wte, wpe, ln_f) "
           f"{sh.padded(1, '') / 1e6:.2f}M")
     for precision, (e, k) in PRECISIONS.items():
-        print(f"\n{precision}: collectives in {e}-byte elements, AdamW state K = {k} bytes per parameter; "
-              f"hybrid_shard: shard groups of G = N/2")
-        header = f"{'strategy':<16}" + "".join(f"{f'sent GB, N={n}':>14}{'x DDP':>7}" for n in worlds) + \
-                 "".join(f"{f'states GB, N={n}':>17}" for n in worlds) + "  states formula"
-        print(header)
-        print("-" * len(header))
+        print(f"\n{precision}: collectives in {e}-byte elements; hybrid_shard: shard groups of G = N/2")
+        header = f"{'GB sent per step':<17}" + "".join(f"{f'N = {n}':>9}{'x DDP':>7}" for n in worlds)
+        print(header + "\n" + "-" * len(header))
         for strategy in STRATEGIES:
-            row = f"{strategy:<16}"
-            for n in worlds:
-                sent = sent_bytes(strategy, sh, n, e, n // 2)
-                row += f"{sent / GB:>14.2f}{sent / sent_bytes('ddp', sh, n, e, n // 2):>7.2f}"
-            formula = ""
-            for n in worlds:
-                b, formula = state_bytes(strategy, sh, n, precision, n // 2)
-                row += f"{b / GB:>17.2f}"
-            print(row + f"  {formula}")
+            sent = [sent_bytes(strategy, sh, n, e, n // 2) for n in worlds]
+            print(f"{strategy:<17}" + "".join(f"{b / GB:>9.2f}{b / sent_bytes('ddp', sh, n, e, n // 2):>7.2f}"
+                                               for b, n in zip(sent, worlds)))
+        print(f"\n{precision}: model states per rank, AdamW's K = {k} bytes per parameter")
+        header = f"{'GB per rank':<17}" + "".join(f"{f'N = {n}':>9}" for n in worlds) + "  formula"
+        print(header + "\n" + "-" * (len(header) + 24))
+        for strategy in STRATEGIES:
+            cells = [state_bytes(strategy, sh, n, precision, n // 2) for n in worlds]
+            print(f"{strategy:<17}" + "".join(f"{b / GB:>9.2f}" for b, _ in cells) + f"  {cells[-1][1]}")
 
 
 # ------------------------------------------------------------------------------ measured at N = 4
@@ -211,15 +208,16 @@ def measure(cfg: GPTConfig) -> None:
         if topo.rank == 0:
             print(f"measured: {sh.psi / 1e6:.2f}M parameters (n_layer {cfg.n_layer}, n_embd {cfg.n_embd}, n_head "
                   f"{cfg.n_head}, vocabulary {cfg.vocab_size}, context {cfg.block_size}), N = {n}, gloo, batch 4 x "
-                  f"{cfg.block_size} tokens per rank; kernel: bytes the kernel saw each process write in one step, "
-                  f"mean over ranks; live: MemTracker's live bytes after optimizer.step(), largest rank")
-            header = (f"{'strategy':<16}{'precision':>10}{'formula MB':>12}{'kernel MB':>11}{'ratio':>7}"
-                      f"{'states MB':>11}{'live MB':>9}{'ratio':>7}")
+                  f"{cfg.block_size} tokens per rank\nformula, kernel: MB sent per rank in one step (kernel: what "
+                  f"the kernel saw each process write, mean over ranks)\nstates, live: model states per rank (live: "
+                  f"MemTracker's live bytes after optimizer.step(), largest rank)")
+            header = (f"{'MB':<16}{'precision':>10}{'formula':>9}{'kernel':>9}{'ratio':>7}"
+                      f"{'states':>9}{'live':>9}{'ratio':>7}")
             print(header)
             print("-" * len(header))
             for strategy, precision, f_sent, k_sent, f_state, live in rows:
-                print(f"{strategy:<16}{precision:>10}{f_sent / MB:>12.2f}{k_sent / MB:>11.2f}{k_sent / f_sent:>7.3f}"
-                      f"{f_state / MB:>11.2f}{live / MB:>9.2f}{live / f_state:>7.3f}")
+                print(f"{strategy:<16}{precision:>10}{f_sent / MB:>9.2f}{k_sent / MB:>9.2f}{k_sent / f_sent:>7.3f}"
+                      f"{f_state / MB:>9.2f}{live / MB:>9.2f}{live / f_state:>7.3f}")
 
 
 def main() -> None:

@@ -266,8 +266,8 @@ def worked_numbers_n4() -> list[Fact]:
             if s == "zero1_broadcast" and precision == "bf16":
                 continue
             key = f"{s} {precision}"
-            facts += [cell(f"{key}: bytes formula", key, "formula MB", f"{wn.sent_bytes(s, sh, n, e, n // 2) / wn.MB:.2f}"),
-                      cell(f"{key}: states formula", key, "states MB",
+            facts += [cell(f"{key}: bytes formula", key, "formula", f"{wn.sent_bytes(s, sh, n, e, n // 2) / wn.MB:.2f}"),
+                      cell(f"{key}: states formula", key, "states",
                            f"{wn.state_bytes(s, sh, n, precision, n // 2)[0] / wn.MB:.2f}")]
     return facts
 
