@@ -247,6 +247,44 @@ def tp_vs_ddp_bytes_cells() -> list[Fact]:
         cell(f"DDP's formula at b = {b}", str(b), "DDP formula", f"{ddp / 2**10:.3g}"))]
 
 
+def traced_step(engine: str) -> Callable[[], list[Fact]]:
+    """The collectives of the traced step (recipes/traced_step.py), counted per op, after its warm-up."""
+    def facts() -> list[Fact]:
+        import torch
+        import torch.distributed as dist
+
+        from recipes import traced_step as ts
+        x = torch.randn(16, ts.WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
+        return [text(f"{engine}: the collectives of one step", ts.calls_line(ts.traced(engine, x)["records"]))]
+    return facts
+
+
+def worked_numbers_xl() -> list[Fact]:
+    """The XL's tables: every number comes from the model's shapes and the formulas."""
+    from recipes import worked_numbers as wn
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        wn.xl_tables()
+    return [text("the XL's bytes and model states", buf.getvalue().strip("\n"))]
+
+
+def worked_numbers_n4() -> list[Fact]:
+    """The formula columns of the N = 4 measurement (the kernel's and MemTracker's columns are measured)."""
+    from recipes import worked_numbers as wn
+    n = 4
+    sh = wn.Shapes.of(wn.SMALL, (n,))
+    facts = []
+    for precision, (e, _) in wn.PRECISIONS.items():
+        for s in wn.STRATEGIES:
+            if s == "zero1_broadcast" and precision == "bf16":
+                continue
+            key = f"{s} {precision}"
+            facts += [cell(f"{key}: bytes formula", key, "formula", f"{wn.sent_bytes(s, sh, n, e, n // 2) / wn.MB:.2f}"),
+                      cell(f"{key}: states formula", key, "states",
+                           f"{wn.state_bytes(s, sh, n, precision, n // 2)[0] / wn.MB:.2f}")]
+    return facts
+
+
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
@@ -362,6 +400,15 @@ def registry() -> dict[str, Snippet]:
                                        "when generated: " + _LESSON_MEASURED["fsdp_x_tp"], lesson("fsdp_x_tp")),
     }
     snippets.update(_lessons())
+    snippets["worked_numbers_xl"] = Snippet("worked_numbers_xl", "every number (shapes and formulas)", "",
+                                            worked_numbers_xl)
+    snippets["worked_numbers_n4"] = Snippet(
+        "worked_numbers_n4", "the model's size and the formula columns",
+        "measured only when generated: the kernel's bytes and MemTracker's live bytes", worked_numbers_n4)
+    snippets.update({f"traced_step_{e}": Snippet("traced_step", "the collectives of the step (ops and counts)",
+                                                 "every time; the order of the moments (the picture beside it, "
+                                                 f"docs/generated/step_{e}.png, is redrawn with it)", traced_step(e),
+                                                 world=2) for e in ("ddp", "zero", "fsdp")})
     snippets.update({name: Snippet("code", "every line", "", code_quote(name)) for name in CODE_QUOTES})
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled

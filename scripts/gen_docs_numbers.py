@@ -57,6 +57,10 @@ JOBS: dict[str, tuple[str, int]] = {
     "lesson_zero1_vs_ddp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.zero1_vs_ddp", 600),
     "bench_zero_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/zero_overlap.py", 600),
     "lesson_fsdp_x_tp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.fsdp_x_tp", 600),
+    "worked_numbers_xl": ("python -m recipes.worked_numbers", 300),
+    "worked_numbers_n4": (f"{TORCHRUN.format(n=4)} -m recipes.worked_numbers --measure", 900),
+    "bench_bucket_overhead": (f"{TORCHRUN.format(n=2)} benchmarks/bucket_overhead.py", 600),
+    "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")
@@ -184,6 +188,10 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
         return out
     if job == "compare":
         return {job: compare_body(command, output)}
+    if job == "traced_step":  # one section per engine; the pictures are written beside (step_<engine>.png)
+        from recipes.traced_step import ENGINES
+        parts = dict(re.findall(r"^== (\w+): (.*?)(?=^== |\Z)", output, flags=re.M | re.S))
+        return {f"traced_step_{e}": snippet(f"{command} --engine {e}", f"== {e}: {parts[e]}") for e in ENGINES}
     return {job: snippet(command, output)}
 
 

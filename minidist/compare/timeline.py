@@ -133,3 +133,81 @@ def _draw_rank(ax, raw: dict, t0: float, y: float) -> None:
         end = r["completed"] if r["completed"] is not None else r["issued"]
         ax.broken_barh([(ms(r["issued"]), ms(end) - ms(r["issued"]))], (y + 0.05, 0.7),
                        color=OP_COLORS.get(r["op"], "gray"), alpha=0.55)
+
+
+PROBE_COLORS = {"hook": "#7f7f7f", "launch": "#d62728", "gather": "#9467bd", "wait": "black", "callback": "#17becf"}
+"""draw_step's engine row: a gradient hook, a collective's launch, a gather started, a wait (and copy-out),
+the end-of-backward callback."""
+OP_ABBREV = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC"}
+
+
+def draw_step(ranks: list[dict], path: Path, title: str, moments: list[tuple[float, str, str]]) -> Path:
+    """One traced step of one engine, rank by rank, with numbered moments (recipes/traced_step.py).
+
+    ranks[i]: {"rank", "phases": [(phase, start, end)], "compute": [(phase, start, end)] (the emulated
+    compute), "probes": [(kind, label, start, end)] (the engine's own work, PROBE_COLORS), "records":
+    [{"op", "issued", "completed", "bytes"}]}, perf_counter seconds on one clock. Per rank, top to
+    bottom: a compute row (each phase as a pale band, the sleeping layers solid), an engine row and
+    one comm lane per overlapping collective (_lanes). moments: (time, row, text) on rank 0's rows
+    ("compute", "engine" or "comm"), drawn as circled numbers 1, 2, ... in list order.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    t0 = min(p[1] for r in ranks for p in r["phases"])
+    ms = lambda t: (t - t0) * 1e3  # noqa: E731
+    lanes = [_lanes(r["records"]) for r in ranks]
+    span = max(ms(p[2]) for r in ranks for p in r["phases"])
+    heights = [2 + max(ls, default=-1) + 1 for ls in lanes]
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.36 * (sum(heights) + len(ranks))))
+    ticks, labels, rows0 = [], [], {}
+    y = 0.0
+    for raw, ls, h in zip(ranks, lanes, heights):
+        top = y + h
+        rows = {"compute": top - 1, "engine": top - 2}
+        for phase, a, b in raw["phases"]:
+            ax.broken_barh([(ms(a), ms(b) - ms(a))], (rows["compute"] + 0.05, 0.9), color=PHASE_COLORS[phase], alpha=0.2)
+        for phase, a, b in raw["compute"]:
+            ax.broken_barh([(ms(a), ms(b) - ms(a))], (rows["compute"] + 0.2, 0.6), color=PHASE_COLORS[phase])
+        for kind, _, a, b in sorted(raw["probes"], key=lambda e: e[2] - e[3]):  # nested calls drawn over their callers
+            ax.broken_barh([(ms(a), max(ms(b) - ms(a), 0.25))], (rows["engine"] + 0.15, 0.7), color=PROBE_COLORS[kind])
+        for rec, lane in zip(raw["records"], ls):
+            a, b = ms(rec["issued"]), ms(rec["completed"] if rec["completed"] is not None else rec["issued"])
+            ly = top - 3 - lane
+            ax.broken_barh([(a, b - a)], (ly + 0.1, 0.8), color=OP_COLORS.get(rec["op"], "gray"), alpha=0.6)
+            ax.text(a + 0.004 * span, ly + 0.5, OP_ABBREV.get(rec["op"], rec["op"]), fontsize=6, va="center",
+                    clip_on=True)
+        rows["comm"] = top - 3
+        ticks += [rows["compute"] + 0.5, rows["engine"] + 0.5] + [top - 3 - k + 0.5 for k in range(h - 2)]
+        labels += [f"rank {raw['rank']} compute", "engine"] + ["comm" if k == 0 else f"comm {k + 1}" for k in range(h - 2)]
+        if raw["rank"] == ranks[0]["rank"]:
+            rows0 = rows
+        y = top + 1
+    placed: list[tuple[float, int]] = []
+    for n, (t, row, _) in enumerate(moments, 1):  # a moment close to an earlier one is raised a level
+        level = next(k for k in range(len(moments) + 1)
+                     if all(abs(ms(t) - x) > 0.025 * span or k != lv for x, lv in placed))
+        placed.append((ms(t), level))
+        yy = rows0[row] + 0.5
+        ax.annotate(str(n), xy=(ms(t), yy), xytext=(ms(t), yy + 0.8 + 0.55 * (level % 3)), fontsize=7, ha="center",
+                    bbox=dict(boxstyle="circle,pad=0.15", fc="white", ec="black", lw=0.6),
+                    arrowprops=dict(arrowstyle="-", lw=0.6))
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_ylim(-0.3, y + 0.6)
+    ax.set_xlabel("ms since the step started", fontsize=8)
+    ax.set_title(title, fontsize=9, loc="left")
+    kinds = {e[0] for r in ranks for e in r["probes"]}
+    ops = {rec["op"] for r in ranks for rec in r["records"]}
+    handles = ([Patch(color=c, label=k) for k, c in PHASE_COLORS.items()]
+               + [Patch(color=c, label=k) for k, c in PROBE_COLORS.items() if k in kinds]
+               + [Patch(color=c, alpha=0.6, label=f"{k} ({OP_ABBREV[k]})") for k, c in OP_COLORS.items() if k in ops])
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=7, ncol=(len(handles) + 1) // 2,
+              frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -21,7 +21,7 @@ user's choice for every bucket (see ReducerPolicy).
 
 Why a small last bucket (not in torch). The last bucket to fill holds the
 earliest layers; it is launched when backward has nothing left to compute, so
-its whole all_reduce is exposed: ``alpha + 2 S_last (N-1)/N * beta`` added to
+its whole all_reduce is exposed: ``2 (N-1) alpha + 2 s_L (N-1)/N * beta`` (``s_L``: its bytes; docs/ddp.md's ``c_L``) added to
 every step. Every earlier bucket is launched while some layer still computes.
 So the trailing parameters of each dtype go into a bucket of at most
 ``min(1 MiB, bucket_cap)`` (at least one parameter), and the bucket before it

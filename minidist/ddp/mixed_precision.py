@@ -13,7 +13,8 @@ the fp32 masters the optimizer updates; each keeps a low-precision copy:
                 average: the optimizer sees fp32 parameters, gradients and state
 
 Memory per parameter: 4 (master) + 2 (copy) + 4 (fp32 gradient) + K (optimizer state) bytes,
-plus the buckets in reduce_dtype; ZeRO's fully partitioned layout, (2 + 2 + 12 / N) psi, is
+plus the buckets in reduce_dtype (2 + 2 + 4 + 8 + 2 = 20 psi with AdamW and bf16 buckets; checked
+against MemTracker by recipes/worked_numbers.py); ZeRO's partitioned layout, (2 + 2 + 12 / N) psi, is
 minidist.zero's (ShardedOptimizer(mp_policy=...)). A forward without grad (evaluation) points
 the parameters back at their masters as soon as it returns; a backward under no_sync leaves them
 on the copies (and accumulates p.grad in param_dtype) until the synced backward ends.

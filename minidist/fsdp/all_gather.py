@@ -8,8 +8,9 @@
 (S = bytes of the unit's padded parameters, N S_local elements in param_dtype; N = ranks of
 the shard group.) Per step, full_shard gathers each unit twice (forward, and again in
 backward because it freed the parameters after forward) and reduces once: 3 S (N-1)/N,
-1.5x DDP's 2 S (N-1)/N, less the unit that ends the forward (the root, for a GPT), which
-stays gathered into backward: (3 S - S_last) (N-1)/N. shard_grad_op keeps the forward's
+1.5x DDP's 2 S (N-1)/N, less the unit whose forward ends last (the root, whose forward wraps
+every other unit's, when it holds parameters; else the last unit): backward needs it first, so
+it stays gathered, (3 S - S_root) (N-1)/N. shard_grad_op keeps the forward's
 gather for backward: 2 S (N-1)/N. The padding rows travel too: S counts them.
 
 One rank in the shard group (no_shard, or a world of one) in another dtype or on another

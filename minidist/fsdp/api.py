@@ -11,8 +11,9 @@ gathered by one all_gather and reduced by one reduce_scatter (minidist.fsdp.para
 
 Strategies (N ranks, S bytes of the padded parameters; bytes sent per rank per step, ring model):
 
-    full_shard     ZeRO-3: params, grads, optimizer state sharded.     (3 S - S_last) (N-1)/N
-                   (the unit that ends forward, S_last, is not gathered again in backward)
+    full_shard     ZeRO-3: params, grads, optimizer state sharded.     (3 S - S_root) (N-1)/N
+                   (S_root: the unit that ends forward, the root when it holds parameters,
+                   is not gathered again in backward)
     shard_grad_op  ZeRO-2: params stay gathered from forward to         2 S (N-1)/N
                    backward; grads and optimizer state sharded.
     no_shard       every rank holds everything; all_reduce (= DDP).     2 S (N-1)/N

@@ -17,7 +17,10 @@ a reduce_scatter followed by an all_gather; ZeRO runs the optimizer in between, 
     ZeRO-2   4 psi parameters + 4 psi / N gradients (+ the buckets in flight) + 8 psi / N
 
 and under a MixedPrecisionPolicy(param_dtype=bf16) the paper's (2 + 2 + 12 / N) psi:
-2-byte parameters and gradients, 1/N of the fp32 master weights and Adam's moments.
+2-byte parameters and gradients, 1/N of the fp32 master weights and Adam's moments; plus,
+which the paper does not count, the fp32 gradient of this rank's slice that the optimizer
+steps on (4 psi / N; ZeRO-2 keeps only that one, not the 2-byte buffers). Measured against
+MemTracker in recipes/worked_numbers.py.
 
 The parameters are grouped into buckets (DDP's rules: minidist.ddp.bucket.assign_buckets,
 in reverse registration order, one parameter group, dtype and device per bucket), each

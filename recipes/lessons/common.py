@@ -150,6 +150,8 @@ class ComputeLog:
 
     forward: list[float] = field(default_factory=list)
     backward: list[float] = field(default_factory=list)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    """(phase, start, end) of every sleep, in the order they ran (recipes/traced_step.py draws them)."""
 
 
 _LOGS: list[ComputeLog] = []
@@ -173,16 +175,22 @@ class _Sleep(torch.autograd.Function):
     def forward(ctx, x, seconds: float, backward_only: bool):
         ctx.seconds = seconds
         if not backward_only:
+            start = time.perf_counter()
             for log in _LOGS:
-                log.forward.append(time.perf_counter())
+                log.forward.append(start)
             time.sleep(seconds)
+            for log in _LOGS:
+                log.spans.append(("forward", start, time.perf_counter()))
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
+        start = time.perf_counter()
         for log in _LOGS:
-            log.backward.append(time.perf_counter())
+            log.backward.append(start)
         time.sleep(2 * ctx.seconds)
+        for log in _LOGS:
+            log.spans.append(("backward", start, time.perf_counter()))
         return grad, None, None
 
 

@@ -1,7 +1,7 @@
 """Bytes sent per rank in one training step, against the formulas and against the kernel:
-full_shard (3 S - S_last) (N-1)/N, shard_grad_op and no_shard (= DDP) 2 S (N-1)/N. S is computed
+full_shard (3 S - S_root) (N-1)/N, shard_grad_op and no_shard (= DDP) 2 S (N-1)/N. S is computed
 here from the plain model's shapes, padding rows included (each parameter padded to N ceil(R/N)
-rows; no_shard splits nothing, so pads nothing), S_last from the unit that ends the forward (it stays gathered for backward). The trace
+rows; no_shard splits nothing, so pads nothing), S_root from the unit kept gathered for backward, the one whose forward ends last (these models' root holds no parameters and so runs no hooks: the last Linear). The trace
 (minidist.comm.trace) must equal the formula exactly; the kernel's count of the bytes this process
 wrote to gloo's sockets (minidist.comm.kernel_io) must agree within 1% at N = 2 and 4."""
 
