@@ -114,7 +114,7 @@ def test_bad_layouts_fail_in_one_line(run_dist):
         assert len(errors) == 7 and all("\n" not in e for e in errors), errors
         heads, vocab, block, seq, twice, two_d, name = errors
         assert "n_head=1" in heads and "tp=2" in heads
-        assert "vocabulary of 31" in vocab and "tp=2" in vocab
+        assert "vocab_size=31" in vocab and "tp=2" in vocab and "valid: 1" in vocab
         assert "block_size=15" in block
         assert "sequence of 15" in seq and "divisible by 2" in seq
         assert "already tensor-parallel" in twice

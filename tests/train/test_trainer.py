@@ -93,7 +93,7 @@ def _never_mix(out: str) -> dict:
     try:
         _run(base + ["name=a"])  # the same name again, without resume=
         refused = None
-    except RuntimeError as exc:
+    except runtime.UsageError as exc:  # a bad input: the same line on every rank
         refused = str(exc)
     got = {"refused": refused, "unchanged": metrics.read_text() == before if main else None}
     rest = _run(base + ["resume=auto"])  # no name: the latest run of this config, which is "a"
