@@ -71,7 +71,25 @@ class SingleStrategy:
 
 
 @dataclass
-class DDPStrategy:
+class DataParallelStrategy:
+    """What every data-parallel strategy shares: its name, then tensor parallelism inside it (the layers split
+    over "tp" first, the engine over the data-parallel ranks that remain: minidist.train.parallelize)."""
+
+    name: str = ""
+    """Strategy name (set by the preset; do not override)."""
+    tp_size: int = 1
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
+    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
+    sequence_parallel: bool = False
+    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
+    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
+    vocab_parallel: bool = False
+    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
+    from split logits; tp_size must divide model.vocab_size."""
+
+
+@dataclass
+class DDPStrategy(DataParallelStrategy):
     """minidist.DDP: every rank holds the whole model; gradients are all-reduced in buckets."""
 
     name: str = "ddp"
@@ -89,19 +107,10 @@ class DDPStrategy:
     """'module:function' of a DDP communication hook, or null for plain all_reduce."""
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are all-reduced in (null = trainer.precision's: bf16/fp16 copies, fp32 otherwise)."""
-    tp_size: int = 1
-    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
-    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
-    sequence_parallel: bool = False
-    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
-    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
-    vocab_parallel: bool = False
-    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
-    from split logits; tp_size must divide model.vocab_size."""
 
 
 @dataclass
-class ZeroStrategy:
+class ZeroStrategy(DataParallelStrategy):
     """minidist.ShardedOptimizer: ZeRO-1 (optimizer state sharded), ZeRO-2 (+ gradients), or zero1_broadcast
     (torch's ZeroRedundancyOptimizer design: whole parameters, all_reduce, one broadcast per owner)."""
 
@@ -114,19 +123,10 @@ class ZeroStrategy:
     its forward (zero1, zero2)."""
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are reduce-scattered in (null = trainer.precision's)."""
-    tp_size: int = 1
-    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
-    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
-    sequence_parallel: bool = False
-    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
-    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
-    vocab_parallel: bool = False
-    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
-    from split logits; tp_size must divide model.vocab_size."""
 
 
 @dataclass
-class FSDPStrategy:
+class FSDPStrategy(DataParallelStrategy):
     """minidist.FSDP: parameters, gradients (and optimizer state) sharded over ranks."""
 
     name: str = "full_shard"
@@ -143,15 +143,6 @@ class FSDPStrategy:
     """Dtype parameters are all-gathered and computed in (null = their own)."""
     reduce_dtype: Optional[DType] = None
     """Dtype gradients are reduce-scattered in (null = param_dtype)."""
-    tp_size: int = 1
-    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
-    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
-    sequence_parallel: bool = False
-    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
-    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
-    vocab_parallel: bool = False
-    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
-    from split logits; tp_size must divide model.vocab_size."""
 
 
 @dataclass
