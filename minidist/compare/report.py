@@ -103,14 +103,8 @@ BANDWIDTH: list[Column] = [
 TABLES = {"communication per step and rank (mean over ranks)": COMMUNICATION,
           "time per step (median [interquartile range] of the measured steps)": TIME,
           "peak memory per rank (the rank with the largest)": MEMORY,
-          "communication inside the step, and the plain step's phases":
-        "in-step wire: the trace's estimate of the time the step's collectives spent on the wire inside the "
-        "measured steps (from the last rank's issue to completion, queueing behind the group's previous "
-        "collective removed: minidist.comm.trace.wire_times), the mean over ranks; against alone, what running "
-        "inside the step costs. plain forward / backward: the phases of the step without communication (what "
-        "the projection holds the communication against).",
-    "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH,
-          "communication inside the step, and the plain step's phases": TIME_MORE}
+          "communication inside the step, and the plain step's phases": TIME_MORE,
+          "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH}
 LEGENDS = {
     "communication per step and rank (mean over ranks)":
         "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast. trace: the bytes minidist.comm.trace "
