@@ -51,6 +51,7 @@ from minidist import comm
 from minidist.ddp import DDP
 from minidist.fsdp import FSDP
 from minidist.models.gpt import GPT, Block, GPTConfig
+from emulated import sleep  # benchmarks/emulated.py: the script's own directory
 
 CFG = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 8  # per rank
@@ -208,21 +209,6 @@ def memory() -> None:
 
 
 # -- overlap ---------------------------------------------------------------------------------
-class _Sleep(torch.autograd.Function):
-    """Identity whose forward and backward each sleep: compute that does not occupy the CPU."""
-
-    @staticmethod
-    def forward(ctx, x, seconds: float):
-        ctx.seconds = seconds
-        time.sleep(seconds)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(2 * ctx.seconds)  # backward costs about twice the forward
-        return grad, None
-
-
 class SleepLayer(torch.nn.Module):
     def __init__(self, width: int, seconds: float):
         super().__init__()
@@ -230,7 +216,7 @@ class SleepLayer(torch.nn.Module):
         self.seconds = seconds
 
     def forward(self, x):
-        return torch.tanh(self.lin(_Sleep.apply(x, self.seconds)))
+        return torch.tanh(self.lin(sleep(x, self.seconds)))
 
 
 def _sleeping(engine: str, width: int, depth: int, seconds: float):

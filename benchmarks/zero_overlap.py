@@ -20,21 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.zero import ShardedOptimizer
-
-
-class _Sleep(torch.autograd.Function):
-    """Identity whose forward sleeps `seconds` and backward twice that: compute off the CPU."""
-
-    @staticmethod
-    def forward(ctx, x, seconds: float):
-        ctx.seconds = seconds
-        time.sleep(seconds)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(2 * ctx.seconds)
-        return grad, None
+from emulated import sleep  # benchmarks/emulated.py: the script's own directory
 
 
 class SleepLayer(nn.Module):
@@ -44,7 +30,7 @@ class SleepLayer(nn.Module):
         self.seconds = seconds
 
     def forward(self, x):
-        return _Sleep.apply(self.linear(x), self.seconds)
+        return sleep(self.linear(x), self.seconds)
 
 
 def build(width: int, depth: int, seconds: float, stage: int, overlap: bool):
