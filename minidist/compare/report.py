@@ -45,8 +45,8 @@ def _mem(r: dict, key: str, role: str | None = None) -> str:
     if not m:
         return "-"
     if key == "estimate":
-        m = m.get("estimate") or {}
-        return f"{(m['by_role'][role] if role else m['total']) / MIB:.2f}" if m else "-"
+        m = m.get("estimate")
+        return "not estimated" if m is None else f"{(m['by_role'][role] if role else m['total']) / MIB:.2f}"
     return f"{(m['by_role'][role] if role else m[key]) / MIB:.2f}"
 
 
@@ -189,7 +189,7 @@ def flat_row(row: dict) -> dict:
     if m:
         out |= {f"mem_{k}": m[k] for k in ("allocator", "ledger", "where", "error", "ledger_error") if k in m}
         out |= {f"mem_ledger_{role}": v for role, v in m["by_role"].items()}
-        if "estimate" in m:
+        if m.get("estimate"):
             out["mem_estimate"] = m["estimate"]["total"]
             out |= {f"mem_estimate_{role}": v for role, v in m["estimate"]["by_role"].items()}
     return out

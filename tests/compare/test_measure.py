@@ -27,6 +27,7 @@ def body_measure(overrides: list[str]) -> list[dict]:
     import time
 
     from minidist import runtime
+    from minidist.compare.config import row_strategy
     from minidist.compare.measure import measure_strategy
     from minidist.train.data import build_datasets
     from recipes.compare import compose
@@ -35,7 +36,7 @@ def body_measure(overrides: list[str]) -> list[dict]:
     topo = runtime.init("gloo")
     train_ds = build_datasets(cfg, topo)[0]
     t0 = time.perf_counter()
-    return [measure_strategy(cfg, cfg.strategy_options[s], topo, train_ds, t0) for s in cfg.strategies]
+    return [measure_strategy(cfg, row_strategy(cfg, s), topo, train_ds, t0, s) for s in cfg.strategies]
 
 
 @functools.lru_cache(maxsize=2)
@@ -51,6 +52,7 @@ _RUNS: dict[tuple, list] = {}
 
 def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[str], memory: bool = True):
     """Every rank's measurements of `strategies` (run once per configuration in a session), and the rows."""
+    from minidist.compare.config import row_strategy
     from recipes.compare import compose
 
     overrides = overrides + [f"strategies=[{','.join(strategies)}]", f"memory={str(memory).lower()}"]
@@ -61,7 +63,7 @@ def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[st
     per_strategy = [list(raws) for raws in zip(*per_rank)]
     cfg = compose(overrides)
     prof, layout = profile_of(tuple(o for o in overrides if not o.startswith(("strategies", "memory"))))
-    rows = [strategy_row(raws, layout, CostModel(1e-4, 1e-9), prof, cfg, cfg.strategy_options[raws[0]["strategy"]])
+    rows = [strategy_row(raws, layout, CostModel(1e-4, 1e-9), prof, cfg, row_strategy(cfg, raws[0]["strategy"]))
             for raws in per_strategy]
     return cfg, layout, per_strategy, rows
 
