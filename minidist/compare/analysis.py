@@ -41,7 +41,8 @@ from collections import defaultdict
 from minidist.comm import CostModel, hidden_share
 from minidist.comm.trace import arrivals, wire_times
 from minidist.compare import intervals
-from minidist.compare.analytic import Layout, TensorParallel, busbw_factor, closed_form, plan, ring_bytes
+from minidist.compare.analytic import (TP_CLOSED_FORM, Layout, TensorParallel, busbw_factor, closed_form, plan,
+                                       ring_bytes)
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.profile import StepProfile
 
@@ -189,11 +190,12 @@ def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepPr
     if strategy_cfg.name == "hybrid_shard" and (shard or world) >= world:
         note = f"shard group = all {world} ranks, one replica: this is full_shard"
     if tp is not None:
-        note = (f"tp {tp.size} x dp {tp.dp}: {lay.psi / layout.psi:.3f} of the parameters per tp rank, each tp "
-                f"group sharing {r0['tp']['batch']} sequences; TP's calls are on the critical path; memory not "
-                f"estimated (the footprint describes data parallelism only)")
+        note = (f"tp {tp.size} x dp {tp.dp}, {lay.psi / layout.psi:.1%} of the parameters per rank, "
+                f"{r0['tp']['batch']} sequences per tp group; TP = {TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]}"
+                f" on the critical path; memory not estimated")
     return {"strategy": r0["strategy"], "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
             "calls": dict(counts), "calls_formula": len(calls), "closed_form": closed_form(strategy_cfg.name, tp),
-            "tp": None if tp is None else {"size": tp.size, "dp": tp.dp, "psi_per_rank": lay.psi},
+            "tp": None if tp is None else {"size": tp.size, "dp": tp.dp, "psi_per_rank": lay.psi,
+                                           "term": TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]},
             "bytes": _bytes(raws, steps, calls), "alone": alone, "time": _time(raws, alone),
             "memory": _memory(raws, None if tp else prof, strategy_cfg, cfg)}

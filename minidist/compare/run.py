@@ -197,6 +197,9 @@ def estimate_table(cfg) -> str:
              f"(K = {k} bytes/param); in brackets ZeRO's model states alone, (p + g + K) psi family",
              f"{'strategy':<14}" + "".join(f"{'N=' + str(n):>20}" for n in e.worlds)]
     for name in cfg.strategies:
+        if parse_row(name)[1] > 1:  # the engines' footprints describe data parallelism only
+            lines.append(f"{name:<14}  not estimated (tensor parallelism: the footprints describe data parallelism)")
+            continue
         so = cfg.strategy_options[name]
         cells = []
         for n in e.worlds:
@@ -221,10 +224,14 @@ def _paper_table(cfg) -> str:
     formulas = {"ddp": "(p+g+K) psi", "zero1": "(p+g) psi + K psi/N", "zero1_broadcast": "(p+g) psi + K psi/N",
                 "zero2": "p psi + (g+K) psi/N", "shard_grad_op": "p psi + (g+K) psi/N",
                 "full_shard": "(p+g+K) psi/N", "hybrid_shard": "(p+g+K) psi/G", "no_shard": "(p+g+K) psi"}
-    for name in cfg.strategies:
-        so = cfg.strategy_options[name]
-        cells = [model_state_bytes(e.params, name, _states_world(name, n, so), p, g, k)["total"] / 1e9 for n in e.worlds]
-        lines.append(f"{name:<14}{formulas[name]:>26}" + "".join(f"{c:>10.1f}" for c in cells))
+    for row in cfg.strategies:  # a tensor-parallel row: a rank's slices, psi / T, over the N / T others
+        (name, t), so = parse_row(row), cfg.strategy_options[parse_row(row)[0]]
+        cells = [f"{model_state_bytes(e.params / t, name, _states_world(name, n // t, so), p, g, k)['total'] / 1e9:.1f}"
+                 if n % t == 0 else "-" for n in e.worlds]
+        formula = formulas[name] if t == 1 else formulas[name].replace("psi", "psi/T").replace("/N", "/D")
+        lines.append(f"{row:<14}{formula:>26}" + "".join(f"{c:>10}" for c in cells))
+    if any(parse_row(row)[1] > 1 for row in cfg.strategies):
+        lines.append("<strategy>+tp<T>: a rank's slices, psi/T (the embeddings' share ignored), over D = N / T ranks")
     return "\n".join(lines)
 
 

@@ -61,7 +61,7 @@ def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[st
         _RUNS[key] = run_dist(world, body_measure, overrides, timeout=300)
     per_rank = _RUNS[key]
     per_strategy = [list(raws) for raws in zip(*per_rank)]
-    cfg = compose(overrides)
+    cfg = compose(overrides, world=(world, world))
     prof, layout = profile_of(tuple(o for o in overrides if not o.startswith(("strategies", "memory"))))
     rows = [strategy_row(raws, layout, CostModel(1e-4, 1e-9), prof, cfg, row_strategy(cfg, raws[0]["strategy"]))
             for raws in per_strategy]
