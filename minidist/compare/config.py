@@ -86,7 +86,7 @@ class CompareConfig:
     """Top level of configs/compare.yaml."""
 
     strategies: list[str] = field(default_factory=lambda: ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op",
-                                                           "full_shard", "hybrid_shard"])
+                                                           "full_shard", "hybrid_shard", "ddp+tp2"])
     """Rows to run, in order: a key of strategy_options (data parallelism over every rank), or
     `<strategy>+tp<T>` (tensor parallelism of degree T inside, the strategy over the N / T
     data-parallel ranks: the trainer's strategy.tp_size=T), e.g. `ddp+tp2` (at world 2 pure TP,

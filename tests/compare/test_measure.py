@@ -44,7 +44,7 @@ def profile_of(overrides: tuple[str, ...]):
     """The fake-tensor step profile and layout of a configuration's model and batch."""
     from minidist.compare.run import _profile
     from recipes.compare import compose
-    return _profile(compose(list(overrides)))
+    return _profile(compose(list(overrides) + ["strategies=[ddp]"]))  # the plain model's: any world
 
 
 _RUNS: dict[tuple, list] = {}
