@@ -7,7 +7,9 @@ Bytes per step, the mean over ranks (a broadcast is sent by N-1 of N ranks; mini
                is an all_reduce; minidist's ring on gloo is not)
     kernel     what the kernel counted this process writing (comm.kernel_io, /proc/self/io), on
                gloo; elsewhere None ("not measured": NCCL moves bytes the kernel does not see)
-    formula    the textbook formulas applied call by call to the model's layout (analytic.plan)
+    formula    the textbook formulas applied call by call to the model's layout (analytic.plan; a
+               tensor-parallel row `<strategy>+tp<T>`: minidist.tp.cost's calls plus the
+               strategy's over the sliced model, as measure.tensor_parallel recorded it)
 
 Time (medians over the measured steps, their spread the interquartile range; a step's time is
 the slowest rank's):
@@ -29,7 +31,8 @@ the slowest rank's):
 
 Memory (the rank with the largest peak): the allocator's peak (minidist.compare.allocator: torch's
 profiler on the CPU, the CUDA allocator on a GPU), the ledger's split of its own peak by role,
-and the estimate (minidist.compare.estimate) with its error against the allocator's peak.
+and the estimate (minidist.compare.estimate) with its error against the allocator's peak (a
+tensor-parallel row: None, "not estimated"; the engines' footprints describe data parallelism only).
 """
 
 from __future__ import annotations
@@ -191,7 +194,8 @@ def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepPr
         note = f"shard group = all {world} ranks, one replica: this is full_shard"
     if tp is not None:
         note = (f"tp {tp.size} x dp {tp.dp}, {lay.psi / layout.psi:.1%} of the parameters per rank, "
-                f"{r0['tp']['batch']} sequences per tp group; TP = {TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]}"
+                f"{r0['tp']['batch']} sequences per tp group; "
+                f"TP = {TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]}"
                 f" on the critical path; memory not estimated")
     return {"strategy": r0["strategy"], "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
             "calls": dict(counts), "calls_formula": len(calls), "closed_form": closed_form(strategy_cfg.name, tp),

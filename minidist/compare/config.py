@@ -139,7 +139,8 @@ def check_rows_world(cfg, world: int) -> None:
     bad = [row for row in cfg.strategies if world % parse_row(row)[1]]
     if bad:
         raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(bad)} need{'s' if len(bad) == 1 else ''} a "
-                         f"world divisible by the tp degree, and the world is {world}; use a degree that divides {world}")
+                         f"world divisible by the tp degree, and the world is {world}; "
+                         f"use a degree that divides {world}")
 
 
 def check(cfg) -> None:

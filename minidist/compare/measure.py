@@ -198,8 +198,9 @@ def tensor_parallel(cfg, bench: Bench) -> dict | None:
         keys = {dims_of(p, also) for p in bench.optimizer.parameters_in_order}
     else:
         keys = {dims_of(p) for p in bench.model.parameters()}
-    return {"size": bench.tp_size, "dp": layout.dp_size, "batch": bench.batch, "sequence_parallel": bool(so.sequence_parallel),
-            "vocab_parallel": bool(so.vocab_parallel), "param_numels": list(sliced.param_numels),
+    return {"size": bench.tp_size, "dp": layout.dp_size, "batch": bench.batch,
+            "sequence_parallel": bool(so.sequence_parallel), "vocab_parallel": bool(so.vocab_parallel),
+            "param_numels": list(sliced.param_numels),
             "unit_param_rows": [list(map(list, u)) for u in sliced.unit_param_rows],
             "norm_dims": sorted(list(k) for k in keys)}
 

@@ -173,7 +173,8 @@ def _wire_layout(p, strategy_cfg) -> Layout:
     fp32); with tensor parallelism a rank's slices, psi / T (the embeddings' share ignored)."""
     gather = _bytes(getattr(strategy_cfg, "param_dtype", None))
     reduce = _bytes(getattr(strategy_cfg, "reduce_dtype", None) or getattr(strategy_cfg, "param_dtype", None))
-    return Layout.uniform(p.params / strategy_cfg.get("tp_size", 1), p.layers, int(p.bucket_cap_mb * MIB), itemsize=reduce, param_itemsize=gather)
+    return Layout.uniform(p.params / strategy_cfg.get("tp_size", 1), p.layers, int(p.bucket_cap_mb * MIB),
+                          itemsize=reduce, param_itemsize=gather)
 
 
 def _states(psi: float, row: str, n: int, node: int) -> float:
