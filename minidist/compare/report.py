@@ -191,6 +191,7 @@ def flat_row(row: dict) -> dict:
     """Every number of a row as one flat dict (the CSV line)."""
     out = {k: row[k] for k in ("strategy", "world", "backend", "closed_form", "note")}
     out |= {f"calls_{op}": n for op, n in row["calls"].items()}
+    out |= {f"tp_{k}": v for k, v in (row.get("tp") or {}).items()}  # a tensor-parallel row's degree, dp, slices
     out |= {f"bytes_{k}": v for k, v in row["bytes"].items() if k != "kernel_per_rank"}
     for key in ("step", "baseline"):
         out |= {f"time_{key}_{k}": v for k, v in row["time"][key].items()}
