@@ -28,7 +28,7 @@ SIZES = {  # overrides of configs/compare.yaml
     "M (0.21M)": ["model.n_layer=4", "model.n_embd=64", "model.n_head=4", "model.block_size=32", "trainer.batch_size=4"],
     "L (1.6M)": [],  # the comparison's default model
 }
-COMMON = ["data=synthetic", "data.train_samples=256", "data.val_samples=8"]
+COMMON = ["data=synthetic", "data.train_samples=256", "data.val_samples=8", f"strategies=[{','.join(STRATEGIES)}]"]
 
 
 def _worker(rank: int, world: int, store: str, queue) -> None:

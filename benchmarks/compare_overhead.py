@@ -67,7 +67,7 @@ def main() -> None:
     from recipes.compare import compose
 
     with runtime.distributed("gloo") as topo:
-        cfg = compose(["data=synthetic", "data.train_samples=512"])
+        cfg = compose(["data=synthetic", "data.train_samples=512", "strategies=[ddp,full_shard]"])
         train_ds = build_datasets(cfg, topo)[0]
         extra_us = per_call_cost_us()
         for name in ("ddp", "full_shard"):

@@ -93,7 +93,8 @@ def compare() -> list[Fact]:
     import torch.distributed as dist
 
     from minidist import comm, runtime
-    from minidist.compare.analytic import CLOSED_FORM
+    from minidist.compare.analytic import TensorParallel, closed_form
+    from minidist.compare.config import parse_row, row_strategy
     from minidist.compare.measure import Bench
     from minidist.compare.report import OP_ABBREV
     from minidist.recipes.compare import compose
@@ -104,7 +105,7 @@ def compare() -> list[Fact]:
     train_ds, _, _ = build_datasets(cfg, topo)
     facts = []
     for name in cfg.strategies:
-        bench = Bench(cfg, cfg.strategy_options[name], topo, train_ds)
+        bench = Bench(cfg, row_strategy(cfg, name), topo, train_ds)
         for _ in range(cfg.warmup_steps):
             bench.step()
         with comm.trace() as t:
@@ -114,7 +115,11 @@ def compare() -> list[Fact]:
             calls[r.op] = calls.get(r.op, 0) + 1
         facts.append(cell(f"{name}: collectives per step", name, "calls/step",
                           " ".join(f"{OP_ABBREV.get(op, op)}{k}" for op, k in calls.items()), as_set=True))
-        facts.append(cell(f"{name}: closed form", name, "formula", CLOSED_FORM[name]))
+        base, t = parse_row(name)  # a tensor-parallel row: TP's term and the strategy's over the N / T others
+        so = row_strategy(cfg, name)
+        tp = TensorParallel(t, topo.world_size // t, (), sequence_parallel=so.sequence_parallel,
+                            vocab_parallel=so.vocab_parallel) if t > 1 else None
+        facts.append(cell(f"{name}: closed form", name, "formula", closed_form(base, tp)))
     return facts
 
 

@@ -7,7 +7,9 @@ Bytes per step, the mean over ranks (a broadcast is sent by N-1 of N ranks; mini
                is an all_reduce; minidist's ring on gloo is not)
     kernel     what the kernel counted this process writing (comm.kernel_io, /proc/self/io), on
                gloo; elsewhere None ("not measured": NCCL moves bytes the kernel does not see)
-    formula    the textbook formulas applied call by call to the model's layout (analytic.plan)
+    formula    the textbook formulas applied call by call to the model's layout (analytic.plan; a
+               tensor-parallel row `<strategy>+tp<T>`: minidist.tp.cost's calls plus the
+               strategy's over the sliced model, as measure.tensor_parallel recorded it)
 
 Time (medians over the measured steps, their spread the interquartile range; a step's time is
 the slowest rank's):
@@ -29,7 +31,8 @@ the slowest rank's):
 
 Memory (the rank with the largest peak): the allocator's peak (minidist.compare.allocator: torch's
 profiler on the CPU, the CUDA allocator on a GPU), the ledger's split of its own peak by role,
-and the estimate (minidist.compare.estimate) with its error against the allocator's peak.
+and the estimate (minidist.compare.estimate) with its error against the allocator's peak (a
+tensor-parallel row: None, "not estimated"; the engines' footprints describe data parallelism only).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from collections import defaultdict
 from minidist.comm import CostModel, hidden_share
 from minidist.comm.trace import arrivals, wire_times
 from minidist.compare import intervals
-from minidist.compare.analytic import CLOSED_FORM, Layout, busbw_factor, plan, ring_bytes
+from minidist.compare.analytic import (TP_CLOSED_FORM, Layout, TensorParallel, busbw_factor, closed_form, plan,
+                                       ring_bytes)
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.profile import StepProfile
 
@@ -131,6 +135,7 @@ def _memory(raws: list[dict], prof: StepProfile | None, strategy_cfg, cfg) -> di
     out = {"allocator": m["allocator"], "instrument": m["instrument"], "ledger": m["ledger"], "by_role": m["by_role"],
            "where": m["where"], "rank": raws[worst]["rank"],
            "ledger_error": m["ledger"] / m["allocator"] - 1 if m["allocator"] else None}
+    out["estimate"] = None  # "not estimated": the engines' footprints do not describe a tensor-parallel model
     if prof is not None:
         est = estimate_memory(prof, strategy_cfg.name, raws[0]["world"], device=raws[0]["device"],
                               optimizer=cfg.optim.name, backend=raws[0]["backend"], **settings_of(strategy_cfg, raws[0]))
@@ -155,14 +160,31 @@ def settings_of(strategy_cfg, raw: dict | None = None, world: int | None = None)
     return out
 
 
+def tensor_parallel_of(raw: dict, layout: Layout, cfg) -> tuple[Layout, TensorParallel | None]:
+    """A row's layout for the formulas and its tensor parallelism: the plain model's and None without
+    TP; with it, the sliced model's parameters (as measure.tensor_parallel recorded them) and the GPT
+    plan's collectives for the batch a tp group shares."""
+    t = raw.get("tp")
+    buckets = tuple(raw["bucket_numels"])
+    if not t:
+        return dataclasses.replace(layout, bucket_numels=buckets or layout.bucket_numels), None
+    rows = tuple(tuple(tuple(r) for r in u) for u in t["unit_param_rows"])
+    params = tuple(t["param_numels"])
+    lay = Layout(params, tuple(sum(r * c for r, c in u) for u in rows), buckets or (sum(params),), layout.itemsize,
+                 unit_param_rows=rows)
+    return lay, TensorParallel.of_gpt(cfg.model, t["batch"], cfg.model.block_size, t["size"], t["dp"],
+                                      sequence_parallel=t["sequence_parallel"], vocab_parallel=t["vocab_parallel"],
+                                      itemsize=layout.itemsize, norm_dims=t["norm_dims"])
+
+
 def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepProfile | None, cfg,
                  strategy_cfg) -> dict:
     """One strategy's measured and predicted numbers (plain JSON; see the module docstring)."""
     r0, steps = raws[0], cfg.steps
     world = r0["world"]
-    lay = dataclasses.replace(layout, bucket_numels=tuple(r0["bucket_numels"]) or layout.bucket_numels)
+    lay, tp = tensor_parallel_of(r0, layout, cfg)
     shard = r0["mesh"]["shape"][-1] if strategy_cfg.name == "hybrid_shard" else None
-    calls = plan(strategy_cfg.name, lay, world, shard, grad_clip=cfg.trainer.grad_clip > 0)
+    calls = plan(strategy_cfg.name, lay, world, shard, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
     counts: dict[str, float] = defaultdict(float)
     for r in r0["records"]:
         counts[r["op"]] += 1 / steps
@@ -170,7 +192,14 @@ def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepPr
     note = ""
     if strategy_cfg.name == "hybrid_shard" and (shard or world) >= world:
         note = f"shard group = all {world} ranks, one replica: this is full_shard"
-    return {"strategy": strategy_cfg.name, "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
-            "calls": dict(counts), "calls_formula": len(calls), "closed_form": CLOSED_FORM.get(strategy_cfg.name, ""),
+    if tp is not None:
+        note = (f"tp {tp.size} x dp {tp.dp}, {lay.psi / layout.psi:.1%} of the parameters per rank, "
+                f"{r0['tp']['batch']} sequences per tp group; "
+                f"TP = {TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]}"
+                f" on the critical path; memory not estimated")
+    return {"strategy": r0["strategy"], "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
+            "calls": dict(counts), "calls_formula": len(calls), "closed_form": closed_form(strategy_cfg.name, tp),
+            "tp": None if tp is None else {"size": tp.size, "dp": tp.dp, "psi_per_rank": lay.psi,
+                                           "term": TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]},
             "bytes": _bytes(raws, steps, calls), "alone": alone, "time": _time(raws, alone),
-            "memory": _memory(raws, prof, strategy_cfg, cfg)}
+            "memory": _memory(raws, None if tp else prof, strategy_cfg, cfg)}

@@ -21,6 +21,20 @@ S (N-1)/N: N-1 of the N ranks send S):
                      of each reduced shard across the R = N/G replicas     + 2 (S/G) (R-1)/R
     no_shard         one all_reduce per unit                               2 S (N-1)/N
 
+Tensor-parallel rows (`<strategy>+tp<T>`, minidist.compare.config): T consecutive ranks split
+the model (minidist.tp) and share each batch, the strategy runs over the D = N / T data-parallel
+ranks (strided by T) on the sliced model, S_T its bytes per rank (about S / T: the embeddings and
+norms stay whole unless vocab_parallel). TP's collectives come from minidist.tp.cost, call by
+call, for the b x s tokens a tp group shares (width h, L blocks, e bytes per element):
+
+    +tpT             TP's all_reduces (f and g, 4 per block)              8 L b s h e (T-1)/T
+                     plus the strategy's calls over D on the slices       + its formula, S_T and D
+    sequence_parallel, vocab_parallel: the extra terms of TP_CLOSED_FORM
+
+TP's calls sit between the layers that need their result: nothing overlaps them (phase
+"critical"). With clipping, one scalar all_reduce per set of mesh dimensions that split some
+parameter and per dimension of more than one rank (minidist.train.placement.global_norm).
+
 plus, for FSDP and the paper's ZeRO (whose gradients are sharded), the gradient-norm all_reduce
 of one fp32 scalar when clipping. Each call also says when in the step it is issued (phase:
 forward, backward, or after the backward: ZeRO's parameter exchange without
@@ -33,6 +47,7 @@ minidist.comm.kernel_io (minidist.compare.analysis), never from here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -45,6 +60,20 @@ CLOSED_FORM = {"ddp": "2S(N-1)/N", "zero1": "2S(N-1)/N", "zero2": "2S(N-1)/N", "
                "shard_grad_op": "2S(N-1)/N",
                "full_shard": "(3S-S_root)(N-1)/N", "hybrid_shard": "(3S-S_root)(G-1)/G + 2(S/G)(R-1)/R",
                "no_shard": "2S(N-1)/N", "single": "0"}
+
+
+TP_CLOSED_FORM = {(False, False): "8Lbshe(T-1)/T", (False, True): "((8L+4)bsh+6bs)e(T-1)/T",
+                  (True, False): "((8L+2)bsh+(12L+4)h+sh)e(T-1)/T",
+                  (True, True): "((8L+4)bsh+(12L+4)h+sh+6bs)e(T-1)/T"}
+"""TP's bytes per rank and step by (sequence_parallel, vocab_parallel), from minidist.tp.cost's inventory."""
+
+
+def closed_form(strategy: str, tp: "TensorParallel | None" = None) -> str:
+    """The row's formula: the strategy's; with tensor parallelism TP's term plus the strategy's over S_T and D."""
+    if tp is None or tp.size <= 1:
+        return CLOSED_FORM.get(strategy, "")
+    dp = CLOSED_FORM.get(strategy, "").replace("S", "S_T").replace("N", "D").replace("S_T_root", "S_root")
+    return TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel] + (f" + {dp}" if tp.dp > 1 else "")
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -68,7 +97,8 @@ class Call:
     """Consecutive ranks the group stretches over (0 = group_size): a replica group of
     hybrid_shard holds one rank in every G, so it spans every node."""
     phase: str = "backward"
-    """When it is issued: forward, backward, or after (the backward's end: nothing left to hide it)."""
+    """When it is issued: forward, backward, after (the backward's end: nothing left to hide it), or
+    critical (tensor parallelism's: the next layer waits for it, nothing can hide it)."""
 
     @property
     def ranks_spanned(self) -> int:
@@ -125,6 +155,56 @@ class Layout:
         return self.param_itemsize or self.itemsize
 
 
+ONE_RANK = {"ddp": ("all_reduce",), "zero1_broadcast": ("all_reduce",), "zero1": ("reduce_scatter", "all_gather"),
+            "zero2": ("reduce_scatter", "all_gather")}
+"""The calls an engine still issues per bucket over a data-parallel group of one rank (pure TP, D = 1):
+DDP's reducer its all_reduce, the paper's ZeRO its reduce_scatter and all_gather; FSDP none."""
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """A row's tensor parallelism: T consecutive ranks share each batch (minidist.tp's GPT plan)."""
+
+    size: int
+    """T, ranks per tensor-parallel group."""
+    dp: int
+    """D = N / T, the data-parallel ranks the strategy runs over."""
+    collectives: tuple[tuple[str, int, int], ...]
+    """(op, elements of the whole tensor, calls) per step: minidist.tp.cost.collectives."""
+    itemsize: int = 4
+    """Bytes per activation element moved."""
+    norm_dims: tuple[tuple[str, ...], ...] = ()
+    """The clip's groups: each set of mesh dimensions ("dp", "tp") that splits some parameter."""
+    sequence_parallel: bool = False
+    vocab_parallel: bool = False
+
+    @classmethod
+    def of_gpt(cls, model_cfg, batch: int, seq: int, size: int, dp: int, *, sequence_parallel: bool = False,
+               vocab_parallel: bool = False, itemsize: int = 4, norm_dims=()) -> "TensorParallel":
+        """The GPT plan's collectives for `batch` sequences of `seq` tokens per tp group."""
+        from minidist.tp import cost
+        calls = cost.collectives(model_cfg, batch, seq, sequence_parallel=sequence_parallel,
+                                 vocab_parallel=vocab_parallel)
+        return cls(size, dp, tuple((op, numel, k) for (op, numel), k in sorted(calls.items())), itemsize,
+                   tuple(tuple(d) for d in norm_dims), sequence_parallel, vocab_parallel)
+
+
+def _tensor_parallel(strategy: str, lay: Layout, world: int, tp: TensorParallel, grad_clip: bool) -> list[Call]:
+    """TP's calls inside each group of T consecutive ranks, the strategy's over D = N / T strided ones, the clip."""
+    t, d = tp.size, tp.dp
+    if t * d != world:
+        raise ValueError(f"tp {t} x dp {d} is not the world {world}")
+    calls = [Call(op, numel * tp.itemsize, t, phase="critical") for op, numel, k in tp.collectives for _ in range(k)]
+    calls += [dataclasses.replace(c, span=c.ranks_spanned * t) for c in plan(strategy, lay, d, grad_clip=False)]
+    if d == 1:  # a data-parallel group of one rank: what the engine still calls on it (nothing moves)
+        calls += [Call(op, x * lay.itemsize, 1) for x in lay.bucket_numels for op in ONE_RANK.get(strategy, ())]
+    sizes = {"tp": t, "dp": d}
+    if grad_clip:
+        calls += [Call("all_reduce", 4, sizes[dim], span=t if dim == "tp" else world, phase="after")
+                  for dims in tp.norm_dims for dim in dims if sizes[dim] > 1]
+    return calls
+
+
 def _padded(numel: int, n: int) -> int:
     return -(-numel // n) * n
 
@@ -140,8 +220,12 @@ def padded_unit(param_rows_: tuple[tuple[int, int], ...], n: int) -> int:
     return sum(n * -(-r // n) * c for r, c in param_rows_)
 
 
-def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, grad_clip: bool = True) -> list[Call]:
-    """Every collective one step of `strategy` issues, per rank, at `world` ranks."""
+def plan(strategy: str, lay: Layout, world: int, shard_size: int | None = None, grad_clip: bool = True,
+         tp: TensorParallel | None = None) -> list[Call]:
+    """Every collective one step of `strategy` issues, per rank, at `world` ranks (with `tp`: a
+    tensor-parallel row, `lay` the sliced model's layout)."""
+    if tp is not None and tp.size > 1:
+        return _tensor_parallel(strategy, lay, world, tp, grad_clip)
     g_b, p_b, n = lay.itemsize, lay.gather_itemsize, world
     if n <= 1 or strategy == "single":
         return []

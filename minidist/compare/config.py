@@ -8,11 +8,13 @@ checked like any training override.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
+from minidist.tp.plan import check_degree
 from minidist.train.config import GROUPS, Backend, DType
 
 
@@ -84,8 +86,12 @@ class CompareConfig:
     """Top level of configs/compare.yaml."""
 
     strategies: list[str] = field(default_factory=lambda: ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op",
-                                                           "full_shard", "hybrid_shard"])
-    """Strategies to run, in order (keys of strategy_options)."""
+                                                           "full_shard", "hybrid_shard", "ddp+tp2"])
+    """Rows to run, in order: a key of strategy_options (data parallelism over every rank), or
+    `<strategy>+tp<T>` (tensor parallelism of degree T inside, the strategy over the N / T
+    data-parallel ranks: the trainer's strategy.tp_size=T), e.g. `ddp+tp2` (at world 2 pure TP,
+    dp = 1) or `full_shard+tp2` (at world 4, dp 2 x tp 2). T must divide the world and the
+    model's heads and width; the preset's own sequence_parallel / vocab_parallel apply."""
     strategy_options: Any = MISSING
     """Every strategy preset, by name (configs/strategy/<name>.yaml on its schema)."""
     model: Any = MISSING
@@ -110,13 +116,54 @@ class CompareConfig:
     timeout_s: float = 300.0
 
 
+TP_ROW = re.compile(r"(?P<base>[a-z0-9_]+)\+tp(?P<tp>[0-9]+)")
+"""A tensor-parallel row of `strategies`: <strategy>+tp<T>."""
+NO_TP_ROW = ("hybrid_shard",)
+"""Strategies without a tensor-parallel row (the 3-D replicate x shard x tp layout is not priced here)."""
+
+
+def parse_row(row: str) -> tuple[str, int]:
+    """(strategy, tensor-parallel degree) of a row of `strategies`: "full_shard+tp2" -> ("full_shard", 2)."""
+    m = TP_ROW.fullmatch(row)
+    return (m["base"], int(m["tp"])) if m else (row, 1)
+
+
+def row_strategy(cfg, row: str):
+    """The strategy config a row runs: strategy_options[<strategy>], with tp_size = T for `<strategy>+tp<T>`."""
+    base, tp = parse_row(row)
+    return OmegaConf.merge(cfg.strategy_options[base], {"tp_size": tp}) if tp > 1 else cfg.strategy_options[base]
+
+
+def check_rows_world(cfg, world: int) -> None:
+    """Every tensor-parallel degree divides the world; ValueError (one line naming `strategies`)."""
+    bad = [row for row in cfg.strategies if world % parse_row(row)[1]]
+    if bad:
+        raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(bad)} need{'s' if len(bad) == 1 else ''} a "
+                         f"world divisible by the tp degree, and the world is {world}; "
+                         f"use a degree that divides {world}")
+
+
 def check(cfg) -> None:
     """Rules the schema cannot express; raises ValueError (one line)."""
     valid = [s for s in GROUPS["strategy"] if s != "single"]
-    unknown = [s for s in cfg.strategies if s not in valid]
+    rows = [parse_row(s) for s in cfg.strategies]
+    unknown = [s for s, (base, tp) in zip(cfg.strategies, rows)
+               if base not in valid or tp < 1 or TP_ROW.fullmatch(s) and (tp < 2 or base in NO_TP_ROW)]
     if unknown or not cfg.strategies:
-        raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(unknown) or 'empty'} not valid; "
-                         f"choose from {', '.join(valid)}")
+        raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(unknown) or 'empty'} not valid; choose from "
+                         f"{', '.join(valid)}, or <strategy>+tp<T> (T >= 2; not {', '.join(NO_TP_ROW)})")
+    preset_tp = sorted({base for base, _ in rows if cfg.strategy_options[base].get("tp_size", 1) != 1})
+    if preset_tp:
+        raise ValueError(f"strategy_options.{preset_tp[0]}.tp_size is set; leave it 1 and name the degree in "
+                         f"strategies, e.g. strategies=[{preset_tp[0]}+tp2]")
+    for row, (base, tp) in zip(cfg.strategies, rows):
+        if tp > 1 and cfg.model.name != "gpt":
+            raise ValueError(f"strategies: {row}: tensor parallelism has a plan for model=gpt only, not "
+                             f"model={cfg.model.name}; drop the +tp{tp} rows")
+        if tp > 1:
+            so = cfg.strategy_options[base]
+            check_degree(cfg.model, tp, sequence_parallel=so.sequence_parallel, vocab_parallel=so.vocab_parallel,
+                         setting=f"strategies: {row}'s tp", prefix="model.")
     if cfg.steps < 1 or cfg.warmup_steps < 2:
         raise ValueError("steps must be >= 1 and warmup_steps >= 2: DDP rebuilds its buckets (a broadcast) in the "
                          "second step's forward, FSDP starts prefetching in the second step")

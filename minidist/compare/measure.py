@@ -6,7 +6,9 @@ Per strategy, every rank, in this order:
 
   build      the trainer's composition: minidist.train.parallelize (build_layout, parallelize,
              build_optimizer, trainer.precision's policy), the task's model and loss,
-             BatchStream; the same seed, weights and batches for every strategy
+             BatchStream; the same seed, weights and batches for every strategy (a
+             tensor-parallel row, strategy.tp_size = T: each tp group shares T x
+             trainer.batch_size sequences, so every row trains on the same global batch)
   warm-up    cfg.warmup_steps untimed steps: DDP rebuilds its buckets after the first, FSDP
              records its unit order, AdamW allocates its state
   measured   cfg.steps steps of minidist.train.trainer.train_step, inside comm.trace() (bytes,
@@ -40,9 +42,12 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from minidist import Topology, comm
 from minidist.compare import replay
 from minidist.compare.allocator import AllocatorPeak
+from minidist.compare.analytic import Layout as AnalyticLayout
 from minidist.compare.memory import MemoryLedger, roles_of
-from minidist.mesh import Layout, data_parallel_mesh
+from minidist.mesh import DP, TP, Layout, data_parallel_mesh
+from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
+from minidist.train.placement import dims_of
 from minidist.train.parallelize import build_layout, build_optimizer, optimizer_class, parallelize, precision_policy
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task
@@ -84,7 +89,7 @@ class Bench:
     """A model set up on this rank as the trainer sets it up, and the trainer's Run around it."""
 
     def __init__(self, cfg, strategy_cfg, topo: Topology, train_ds, plain: bool = False):
-        self.topo = topo
+        self.topo, self.strategy_cfg = topo, strategy_cfg
         self.cfg = OmegaConf.merge(cfg, {"trainer": {"log_interval": 2**31 - 1}})  # the trainer traces nothing itself
         self.layout = Layout(data_parallel_mesh(topo)) if plain else build_layout(strategy_cfg, topo)
         torch.manual_seed(cfg.trainer.seed)
@@ -99,13 +104,18 @@ class Bench:
             self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy)
             self.optimizer = build_optimizer(self.model, self.layout, strategy_cfg, cfg.optim, policy)
         self.task = Phased(task)
-        stream = BatchStream(train_ds, cfg.trainer.batch_size, self.layout.dp_rank, self.layout.dp_size,
-                             cfg.trainer.seed)
+        self.batch = cfg.trainer.batch_size * self.tp_size  # every row trains on the same global batch
+        stream = BatchStream(train_ds, self.batch, self.layout.dp_rank, self.layout.dp_size, cfg.trainer.seed)
         fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
         scaler = ShardedGradScaler(topo.device.type) if fp16 else None
         self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, stream, None,
                        None, None, {}, PreemptionWatch([], topo.device), scaler)
         self.steps = 0
+
+    @property
+    def tp_size(self) -> int:
+        """Ranks per tensor-parallel group (1: none); they share each batch of T x trainer.batch_size."""
+        return self.layout.size(TP) if TP in self.layout.mesh_dim_names else 1
 
     def step(self) -> tuple[float, float]:
         """One trainer step; (start, end) perf_counter()."""
@@ -134,9 +144,10 @@ def _phases(task: Phased, steps: list[tuple[float, float]], t0: float) -> list[l
     return out
 
 
-def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float) -> dict:
-    """Warm up, measure (alternating with the plain model), replay, memory; this rank's raw results (plain JSON)."""
-    name = strategy_cfg.name
+def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row: str | None = None) -> dict:
+    """Warm up, measure (alternating with the plain model), replay, memory; this rank's raw results (plain JSON).
+    row: the row's name in cfg.strategies (`full_shard+tp2`; default the strategy's name)."""
+    name = row or strategy_cfg.name
     bench, plain = Bench(cfg, strategy_cfg, topo, train_ds), Bench(cfg, None, topo, train_ds, plain=True)
     for _ in range(cfg.warmup_steps):
         bench.step(), plain.step()
@@ -157,7 +168,7 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float) -> 
            "steps": [[a - t0, b - t0] for a, b in steps], "phases": _phases(bench.task, steps, t0),
            "baseline": {"steps": [[a - t0, b - t0] for a, b in baseline], "phases": _phases(plain.task, baseline, t0)},
            "kernel_bytes": written.bytes - cfg.steps * written.barrier_pair if gloo else None,
-           "alone": alone, "bucket_numels": bench.bucket_numels()}
+           "alone": alone, "bucket_numels": bench.bucket_numels(), "tp": tensor_parallel(cfg, bench)}
     del bench, plain, tr
     raw["memory"] = measure_memory(cfg, strategy_cfg, topo, train_ds) if cfg.memory else None
     gc.collect()
@@ -165,6 +176,33 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float) -> 
 
 
 _MAIN = threading.main_thread().ident
+
+
+def tensor_parallel(cfg, bench: Bench) -> dict | None:
+    """What the row's tensor parallelism looks like on this rank (None without it): its degree and
+    switches, the sliced model's parameters (what the data-parallel engine wraps: each rank's
+    slices, built on the meta device over the same tp mesh), and the groups the clip's norm sums
+    over (minidist.train.parallelize.clip_grad_norm_: one key per set of dimensions that split a
+    parameter, read from the parameters' own declarations; ZeRO's sharded gradients add "dp")."""
+    layout = bench.layout
+    if bench.tp_size == 1:
+        return None
+    so = bench.strategy_cfg
+    with torch.device("meta"):
+        model, blocks = make_task(cfg.model).build()
+    model = parallelize_gpt(model, layout[TP], sequence_parallel=so.sequence_parallel, vocab_parallel=so.vocab_parallel)
+    sliced = AnalyticLayout.from_model(model, blocks)
+    pieces = getattr(bench.optimizer, "grad_pieces", None)
+    if pieces is not None:
+        also = (DP,) if pieces()[1] else ()
+        keys = {dims_of(p, also) for p in bench.optimizer.parameters_in_order}
+    else:
+        keys = {dims_of(p) for p in bench.model.parameters()}
+    return {"size": bench.tp_size, "dp": layout.dp_size, "batch": bench.batch,
+            "sequence_parallel": bool(so.sequence_parallel), "vocab_parallel": bool(so.vocab_parallel),
+            "param_numels": list(sliced.param_numels),
+            "unit_param_rows": [list(map(list, u)) for u in sliced.unit_param_rows],
+            "norm_dims": sorted(list(k) for k in keys)}
 
 
 def _records(tr: comm.Trace, t0: float, strategy: str) -> list[dict]:

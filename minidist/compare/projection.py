@@ -25,10 +25,16 @@ nodes (Cluster: G ranks per node on an intra-node fabric, NICs per node on the n
 on the spot (gloo over loopback TCP on a few CPU cores), extrapolated; its compute is the
 measured plain step. Other clusters are alpha-beta numbers from their config, not measurements.
 
+Tensor-parallel rows (`<strategy>+tp<T>`): the tp group is T consecutive ranks, so inside a
+node while T <= G (the intra-node link class), and the strategy's groups stride over every node
+(data parallelism across nodes); a rank count T does not divide has no row.
+
 Verdict, per strategy: the calls issued in forward can hide behind forward compute, those of
 backward behind backward compute, those after backward (ZeRO's parameter exchange at its default,
-overlap_param_gather off; the clip) behind nothing (nothing overlaps them with the next forward). exposed >= max(0, comm_fwd - fwd)
-+ max(0, comm_bwd - bwd) + comm_after; the strategy "hides" where that bound is within 1% of the
+overlap_param_gather off; the clip) behind nothing (nothing overlaps them with the next forward),
+and tensor parallelism's behind nothing either (phase "critical": the next layer needs their
+result; Megatron's overlaps are not modelled). exposed >= max(0, comm_fwd - fwd)
++ max(0, comm_bwd - bwd) + comm_after + comm_critical; the strategy "hides" where that bound is within 1% of the
 step's compute (HIDES; a clip's one-scalar all_reduce costs latency only). Necessary, not
 sufficient: the first gather and the last reduction always show. Memory: the per-rank
 estimate (the measured model: minidist.compare.estimate, activations included) or ZeRO's model
@@ -39,11 +45,12 @@ each device size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from minidist.compare.analytic import Call, Layout, plan
+from minidist.compare.analytic import Call, Layout, TensorParallel, plan
 
 TREE_EFFICIENCY = 0.92
 """NCCL's tuning model: an all_reduce tree reaches this share of the ring's bus bandwidth."""
@@ -78,6 +85,8 @@ class Subject:
     """Names of the clusters it is projected on."""
     shard_size: int | None = None
     """hybrid_shard's shard group; None: a node (the cluster's GPUs per node)."""
+    tp: dict[str, TensorParallel] = field(default_factory=dict)
+    """Tensor-parallel rows (`<strategy>+tp<T>`): TP's calls; its dp is set per rank count."""
 
 
 def calibrated(alpha_s: float, beta_s: float) -> Cluster:
@@ -113,8 +122,8 @@ def call_time(c: Cluster, call: Call, algorithm: str = "auto") -> float:
 
 
 def step_comm(c: Cluster, calls: list[Call], algorithm: str = "auto") -> dict[str, float]:
-    """Seconds of communication per phase of the step (forward, backward, after), back to back."""
-    out = {"forward": 0.0, "backward": 0.0, "after": 0.0}
+    """Seconds of communication per phase of the step (forward, backward, after, critical), back to back."""
+    out = {"forward": 0.0, "backward": 0.0, "after": 0.0, "critical": 0.0}
     for call in calls:
         out[call.phase] += call_time(c, call, algorithm)
     return out
@@ -128,15 +137,21 @@ def project(subjects: list[Subject], clusters: list[Cluster], strategies: list[s
     for subj in subjects:
         for c in (by_name[n] for n in subj.clusters if n in by_name):
             for strategy in strategies:
-                rows += [_row(subj, c, strategy, n, devices_GB) for n in ranks]
+                tp = subj.tp.get(strategy)
+                rows += [_row(subj, c, strategy, n, devices_GB) for n in ranks if tp is None or n % tp.size == 0]
     return rows
 
 
 def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[float]) -> dict:
-    shard = min(subj.shard_size or c.gpus_per_node, n) if strategy == "hybrid_shard" else None
-    calls = plan(strategy, subj.layouts[strategy], n, shard)
+    tp = subj.tp.get(strategy)
+    if tp is not None:  # T consecutive ranks (a node's while T <= G), the strategy over the N / T others
+        tp = dataclasses.replace(tp, dp=n // tp.size)
+    base = strategy.partition("+")[0]
+    shard = min(subj.shard_size or c.gpus_per_node, n) if base == "hybrid_shard" else None
+    calls = plan(base, subj.layouts[strategy], n, shard, tp=tp)
     t = step_comm(c, calls)
-    exposed = max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s) + t["after"]
+    exposed = (max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s) + t["after"]
+               + t["critical"])
     mem = subj.memory(strategy, n) if subj.memory else None
     return {"model": subj.name, "cluster": c.name, "strategy": strategy, "ranks": n, "comm_s": sum(t.values()),
             "comm_ring_s": sum(step_comm(c, calls, "ring").values()), **{f"comm_{k}_s": v for k, v in t.items()},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -45,8 +46,8 @@ def _mem(r: dict, key: str, role: str | None = None) -> str:
     if not m:
         return "-"
     if key == "estimate":
-        m = m.get("estimate") or {}
-        return f"{(m['by_role'][role] if role else m['total']) / MIB:.2f}" if m else "-"
+        m = m.get("estimate")
+        return "not estimated" if m is None else f"{(m['by_role'][role] if role else m['total']) / MIB:.2f}"
     return f"{(m['by_role'][role] if role else m[key]) / MIB:.2f}"
 
 
@@ -112,7 +113,9 @@ LEGENDS = {
         "the backend really runs (gloo's own reduce_scatter is an all_reduce); kernel: what the kernel counted this "
         "process writing (/proc/self/io, gloo only: NCCL's bytes are not measured); kernel/wire: their difference "
         "(gloo's message headers); analytic: the textbook formulas applied call by call to the model (padding "
-        "included); formula: their closed form (S parameter bytes, G shard group, R replicas); x DDP: trace "
+        "included); formula: their closed form (S parameter bytes, G shard group, R replicas; a tensor-parallel "
+        "row <strategy>+tp<T>: TP's term, L blocks of width h, b sequences of s tokens per tp group, e bytes per "
+        "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks); x DDP: trace "
         "bytes over DDP's.",
     "time per step (median [interquartile range] of the measured steps)":
         "step: the trainer's step, the slowest rank; plain: the same step of the plain model (no wrapper, no "
@@ -122,7 +125,8 @@ LEGENDS = {
         "its error against alone; blocked: main-thread time inside collective calls and waits.",
     "peak memory per rank (the rank with the largest)":
         "peak: the allocator's peak, the higher of two steps (the instrument is named in the header); estimate: "
-        "minidist.compare.estimate, nothing run; error: estimate / peak - 1; ledger: live tensor bytes the "
+        "minidist.compare.estimate, nothing run (not estimated for tensor-parallel rows: the engines' "
+        "footprints describe data parallelism only); error: estimate / peak - 1; ledger: live tensor bytes the "
         "ledger (minidist.compare.memory) saw at its own peak, split by role (MiB); at: the phase of that peak.",
     "communication inside the step, and the plain step's phases":
         "in-step wire: the trace's estimate of the time the step's collectives spent on the wire inside the "
@@ -152,10 +156,18 @@ def notes(rows: list[dict]) -> list[str]:
     return [f"{r['strategy']}: {r['note']}" for r in rows if r.get("note")]
 
 
+def _short_formula(r: dict) -> str:
+    """The formula cell as printed: a tensor-parallel row's TP term as "TP" (its note spells it out)."""
+    return r["closed_form"].replace(r["tp"]["term"], "TP") if r.get("tp") else r["closed_form"]
+
+
 def terminal(rows: list[dict], ddp: float) -> str:
-    """What the recipe prints: the first three tables (each within 120 columns) and the notes."""
-    parts = [f"{title}:\n{table_text(rows, ddp, cols)}" for title, cols in list(TABLES.items())[:3]]
-    return "\n\n".join(parts + ["\n".join(notes(rows))] if notes(rows) else parts)
+    """What the recipe prints: the first three tables (each within 120 columns) and the notes, wrapped."""
+    short = lambda cols: [("formula", lambda r, d: _short_formula(r)) if h == "formula" else (h, fn)  # noqa: E731
+                          for h, fn in cols]
+    parts = [f"{title}:\n{table_text(rows, ddp, short(cols))}" for title, cols in list(TABLES.items())[:3]]
+    wrapped = ["\n".join(textwrap.wrap(n, 120, subsequent_indent="  ")) for n in notes(rows)]
+    return "\n\n".join(parts + ["\n".join(wrapped)] if wrapped else parts)
 
 
 def table_markdown(rows: list[dict], ddp: float, header: str) -> str:
@@ -173,6 +185,7 @@ def flat_row(row: dict) -> dict:
     """Every number of a row as one flat dict (the CSV line)."""
     out = {k: row[k] for k in ("strategy", "world", "backend", "closed_form", "note")}
     out |= {f"calls_{op}": n for op, n in row["calls"].items()}
+    out |= {f"tp_{k}": v for k, v in (row.get("tp") or {}).items()}  # a tensor-parallel row's degree, dp, slices
     out |= {f"bytes_{k}": v for k, v in row["bytes"].items() if k != "kernel_per_rank"}
     for key in ("step", "baseline"):
         out |= {f"time_{key}_{k}": v for k, v in row["time"][key].items()}
@@ -183,7 +196,7 @@ def flat_row(row: dict) -> dict:
     if m:
         out |= {f"mem_{k}": m[k] for k in ("allocator", "ledger", "where", "error", "ledger_error") if k in m}
         out |= {f"mem_ledger_{role}": v for role, v in m["by_role"].items()}
-        if "estimate" in m:
+        if m.get("estimate"):
             out["mem_estimate"] = m["estimate"]["total"]
             out |= {f"mem_estimate_{role}": v for role, v in m["estimate"]["by_role"].items()}
     return out

@@ -13,8 +13,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -23,7 +25,9 @@ import torch.distributed as dist
 from minidist import Topology, comm
 from minidist.compare import plots, projection, report as rep, timeline
 from minidist.compare.analysis import settings_of, strategy_row
-from minidist.compare.analytic import Layout, plan, ring_bytes
+from minidist.compare.analysis import tensor_parallel_of
+from minidist.compare.analytic import Layout, TensorParallel, plan, ring_bytes
+from minidist.compare.config import check_rows_world, parse_row, row_strategy
 from minidist.compare.estimate import estimate_memory, model_state_bytes
 from minidist.compare.measure import measure_strategy
 from minidist.compare.profile import StepProfile, profile_step
@@ -44,6 +48,7 @@ def _gather(obj, topo: Topology) -> list | None:
 
 def compare(cfg, topo: Topology) -> dict | None:
     """Run every strategy of cfg.strategies on this rank; the main process writes and prints the results."""
+    check_rows_world(cfg, topo.world_size)
     mesh = data_parallel_mesh(topo)
     run_dir = run_dir_for(cfg, topo, mesh, prefix="compare")
     train_ds, _, _ = build_datasets(cfg, topo)
@@ -52,7 +57,7 @@ def compare(cfg, topo: Topology) -> dict | None:
     t0 = time.perf_counter()
     per_strategy = []
     for name in cfg.strategies:
-        per_strategy.append(_gather(measure_strategy(cfg, cfg.strategy_options[name], topo, train_ds, t0), topo))
+        per_strategy.append(_gather(measure_strategy(cfg, row_strategy(cfg, name), topo, train_ds, t0, name), topo))
     if not is_main(mesh):
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +88,7 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     """Rows, tables, charts, timeline and projection from every rank's raw results (main process)."""
     r0 = per_strategy[0][0]
     prof, layout = _profile(cfg, r0["device"])
-    rows = [strategy_row(raws, layout, cost, prof if cfg.memory else None, cfg, cfg.strategy_options[raws[0]["strategy"]])
+    rows = [strategy_row(raws, layout, cost, prof if cfg.memory else None, cfg, row_strategy(cfg, raws[0]["strategy"]))
             for raws in per_strategy]
     ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
     ddp_bytes = ddp["bytes"]["trace"] if ddp else ring_bytes(plan("ddp", layout, r0["world"]))
@@ -111,14 +116,19 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     print("\n\n".join([wrap(header.splitlines()[0].lstrip("# ")), wrap(header.splitlines()[-1]),
                        rep.terminal(rows, ddp_bytes),
                        wrap("projection: per call NCCL's ring or tree; exposed >= what compute cannot hide (forward "
-                            "calls behind forward, backward calls behind backward, ZeRO's parameter exchange behind nothing):")
+                            "calls behind forward, backward calls behind backward, ZeRO's parameter exchange and "
+                            "TP's calls behind nothing: the next layer waits for TP's):")
                        + "\n" + "\n".join(projection.verdicts(proj_rows, devices)),
                        wrap(f"outputs in {run_dir}: " + ", ".join(f.name for f in files))]), flush=True)
     return {"rows": rows, "run_dir": str(run_dir), "projection": proj_rows}
 
 
 def _projection(cfg, rows: list[dict], per_strategy, prof: StepProfile, layout: Layout, cost: comm.CostModel):
-    """This machine's model on its calibrated link, and cfg.projection.params on every configured cluster."""
+    """This machine's model on its calibrated link, and cfg.projection.params on every configured cluster.
+
+    A tensor-parallel row keeps its tp group on consecutive ranks (inside a node while T <= GPUs per
+    node) and its data parallelism across the nodes; each tp group shares T ranks' tokens, so compute
+    per rank is the other rows' (the measured model: its sliced layout and TP's calls as measured)."""
     p = cfg.projection
     phases = rows[0]["time"]["baseline_phases"]
     ddp_raw = next((raws[0] for raws in per_strategy if raws[0]["strategy"] == "ddp"), None)
@@ -126,18 +136,32 @@ def _projection(cfg, rows: list[dict], per_strategy, prof: StepProfile, layout: 
     here = dataclasses.replace(layout, bucket_numels=buckets)
     names = list(cfg.strategies)
     hybrid = next((raws[0]["mesh"]["shape"][-1] for raws in per_strategy if raws[0]["strategy"] == "hybrid_shard"), None)
-    measured = projection.Subject(f"{layout.psi / 1e6:.1f}M (this machine)", {s: here for s in names},
+    sliced = {raws[0]["strategy"]: tensor_parallel_of(raws[0], layout, cfg) for raws in per_strategy if raws[0]["tp"]}
+    measured = projection.Subject(f"{layout.psi / 1e6:.1f}M (this machine)",
+                                  {s: sliced[s][0] if s in sliced else here for s in names},
                                   phases.get("forward", 0.0), phases.get("backward", 0.0), None, ("calibrated",),
-                                  hybrid or per_strategy[0][0]["world"])
+                                  hybrid or per_strategy[0][0]["world"], {s: tp for s, (_, tp) in sliced.items()})
     compute = 6 * p.params * p.tokens_per_rank / p.flops_per_s
     node = next(iter(p.clusters.values())).gpus_per_node if p.clusters else 8  # hybrid_shard's group: a node
     big = projection.Subject(
-        f"{p.params / 1e9:g}B", {s: _wire_layout(p, cfg.strategy_options[s]) for s in names}, compute / 3,
-        2 * compute / 3, lambda s, n: _states(p.params, s, n, node), tuple(p.clusters))
+        f"{p.params / 1e9:g}B", {s: _wire_layout(p, row_strategy(cfg, s)) for s in names}, compute / 3,
+        2 * compute / 3, lambda s, n: _states(p.params, s, n, node), tuple(p.clusters),
+        tp={s: _wire_tp(p, row_strategy(cfg, s)) for s in names if parse_row(s)[1] > 1})
     clusters = [projection.calibrated(cost.alpha, cost.beta)] + [
         projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9, c.net_alpha_us * 1e-6,
                            c.nic_GBps * 1e9, c.nics_per_node, c.label) for name, c in p.clusters.items()]
     return projection.project([measured, big], clusters, names, list(p.ranks), list(p.devices_GB)), clusters
+
+
+def _wire_tp(p, strategy_cfg) -> TensorParallel:
+    """TP's calls for the projected model: L = p.layers blocks of width h = sqrt(psi / 12 L) (a GPT block
+    holds 12 h^2 parameters), a tp group sharing T x tokens_per_rank tokens, in the engine's param dtype."""
+    width = round(math.sqrt(p.params / (12 * p.layers)))
+    shape = types.SimpleNamespace(n_layer=p.layers, n_embd=width)
+    return TensorParallel.of_gpt(shape, strategy_cfg.tp_size, p.tokens_per_rank, strategy_cfg.tp_size, 1,
+                                 sequence_parallel=strategy_cfg.sequence_parallel,
+                                 vocab_parallel=strategy_cfg.vocab_parallel,
+                                 itemsize=_bytes(getattr(strategy_cfg, "param_dtype", None)))
 
 
 def _bytes(dtype) -> int:
@@ -145,15 +169,20 @@ def _bytes(dtype) -> int:
 
 
 def _wire_layout(p, strategy_cfg) -> Layout:
-    """The projected model's layout, in the dtypes the engine moves (FSDP's param_dtype / reduce_dtype; else fp32)."""
+    """The projected model's layout, in the dtypes the engine moves (FSDP's param_dtype / reduce_dtype; else
+    fp32); with tensor parallelism a rank's slices, psi / T (the embeddings' share ignored)."""
     gather = _bytes(getattr(strategy_cfg, "param_dtype", None))
     reduce = _bytes(getattr(strategy_cfg, "reduce_dtype", None) or getattr(strategy_cfg, "param_dtype", None))
-    return Layout.uniform(p.params, p.layers, int(p.bucket_cap_mb * MIB), itemsize=reduce, param_itemsize=gather)
+    return Layout.uniform(p.params / strategy_cfg.get("tp_size", 1), p.layers, int(p.bucket_cap_mb * MIB),
+                          itemsize=reduce, param_itemsize=gather)
 
 
-def _states(psi: float, strategy: str, n: int, node: int) -> float:
-    """ZeRO's model states per rank as the engines keep them (fp32 AdamW: 4 + 4 + 8 bytes per parameter)."""
-    return model_state_bytes(psi, strategy, min(node, n) if strategy == "hybrid_shard" else n, 4, 4, 8)["total"]
+def _states(psi: float, row: str, n: int, node: int) -> float:
+    """ZeRO's model states per rank as the engines keep them (fp32 AdamW: 4 + 4 + 8 bytes per parameter);
+    a tensor-parallel row's: psi / T over the N / T data-parallel ranks."""
+    strategy, tp = parse_row(row)
+    n //= tp
+    return model_state_bytes(psi / tp, strategy, min(node, n) if strategy == "hybrid_shard" else n, 4, 4, 8)["total"]
 
 
 def estimate_table(cfg) -> str:
@@ -169,6 +198,9 @@ def estimate_table(cfg) -> str:
              f"(K = {k} bytes/param); in brackets ZeRO's model states alone, (p + g + K) psi family",
              f"{'strategy':<14}" + "".join(f"{'N=' + str(n):>20}" for n in e.worlds)]
     for name in cfg.strategies:
+        if parse_row(name)[1] > 1:  # the engines' footprints describe data parallelism only
+            lines.append(f"{name:<14}  not estimated (tensor parallelism: the footprints describe data parallelism)")
+            continue
         so = cfg.strategy_options[name]
         cells = []
         for n in e.worlds:
@@ -193,10 +225,14 @@ def _paper_table(cfg) -> str:
     formulas = {"ddp": "(p+g+K) psi", "zero1": "(p+g) psi + K psi/N", "zero1_broadcast": "(p+g) psi + K psi/N",
                 "zero2": "p psi + (g+K) psi/N", "shard_grad_op": "p psi + (g+K) psi/N",
                 "full_shard": "(p+g+K) psi/N", "hybrid_shard": "(p+g+K) psi/G", "no_shard": "(p+g+K) psi"}
-    for name in cfg.strategies:
-        so = cfg.strategy_options[name]
-        cells = [model_state_bytes(e.params, name, _states_world(name, n, so), p, g, k)["total"] / 1e9 for n in e.worlds]
-        lines.append(f"{name:<14}{formulas[name]:>26}" + "".join(f"{c:>10.1f}" for c in cells))
+    for row in cfg.strategies:  # a tensor-parallel row: a rank's slices, psi / T, over the N / T others
+        (name, t), so = parse_row(row), cfg.strategy_options[parse_row(row)[0]]
+        cells = [f"{model_state_bytes(e.params / t, name, _states_world(name, n // t, so), p, g, k)['total'] / 1e9:.1f}"
+                 if n % t == 0 else "-" for n in e.worlds]
+        formula = formulas[name] if t == 1 else formulas[name].replace("psi", "psi/T").replace("/N", "/D")
+        lines.append(f"{row:<14}{formula:>26}" + "".join(f"{c:>10}" for c in cells))
+    if any(parse_row(row)[1] > 1 for row in cfg.strategies):
+        lines.append("<strategy>+tp<T>: a rank's slices, psi/T (the embeddings' share ignored), over D = N / T ranks")
     return "\n".join(lines)
 
 

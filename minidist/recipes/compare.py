@@ -29,7 +29,7 @@ def compose(args: list[str], config_dir: str | None = None,
     from hydra.core.config_store import ConfigStore
 
     from minidist import runtime
-    from minidist.compare.config import CompareConfig, check
+    from minidist.compare.config import CompareConfig, check, check_rows_world
     from minidist.train.compose import ConfigError, check_shard_size, compose_config
 
     ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
@@ -38,6 +38,13 @@ def compose(args: list[str], config_dir: str | None = None,
         check(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if not estimate:  # each tensor-parallel degree against the world (one line naming `strategies`)
+        world_size = (runtime.launched_world() if world is None else world)[0]
+        if world_size is not None:
+            try:
+                check_rows_world(cfg, world_size)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
     if "hybrid_shard" in cfg.strategies:
         key, size = "strategy_options.hybrid_shard.shard_size", cfg.strategy_options.hybrid_shard.shard_size
         if estimate:  # a group larger than a tabulated world is that whole world (minidist.compare.run)

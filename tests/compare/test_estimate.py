@@ -87,9 +87,10 @@ def test_estimate_recipe_prints_every_strategy_and_world():
     from minidist.compare.run import estimate_table
     from recipes.compare import compose
     out = estimate_table(compose(["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8",
-                                  "trainer.batch_size=2", "estimate.worlds=[1,4]"])).splitlines()
+                                  "trainer.batch_size=2", "estimate.worlds=[1,4]"], estimate=True)).splitlines()
     assert "N=4" in out[1] and [line.split()[0] for line in out[2:]] == [
-        "ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard"]
+        "ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard", "ddp+tp2"]
+    assert "not estimated" in out[-1]  # the footprints describe data parallelism only
 
 
 def test_config_errors_are_one_line():

@@ -14,7 +14,8 @@ from minidist.comm import kernel_io
 from tests.compare.test_measure import STRATEGIES, TINY, WORLD_2, compare_rows
 
 pytestmark = pytest.mark.skipif(not kernel_io.available(), reason="needs Linux /proc/self/io")
-ENGINES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard"]
+ENGINES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "full_shard+tp2"]
+"""At N = 4 full_shard+tp2 is dp 2 x tp 2: TP's all_reduces and FSDP's calls on the slices (compare/analytic.py)."""
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -26,6 +27,7 @@ def test_kernel_and_trace_agree_within_1_percent(run_dist, world):
         _, _, per_strategy, rows = compare_rows(run_dist, world, overrides, ENGINES, memory=False)
     for raws, row in zip(per_strategy, rows):
         b = row["bytes"]
+        assert b["trace"] == pytest.approx(b["formula"]), row["strategy"]  # TP rows too: tp.cost + FSDP's over dp
         assert b["wire"] == b["trace"], row["strategy"]  # on gloo minidist's ring reduce_scatter: no extra bytes
         assert abs(b["kernel"] / b["trace"] - 1) <= 0.01, (row["strategy"], world, b["kernel"], b["trace"])
         if row["strategy"] != "zero1_broadcast":

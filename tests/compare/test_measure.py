@@ -3,19 +3,19 @@ tables and the timeline, and the memory estimate against torch's allocator event
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
+from collections import Counter
 
 import pytest
 
 from minidist.comm import CostModel
-from minidist.compare.analysis import strategy_row
+from minidist.compare.analysis import strategy_row, tensor_parallel_of
 from minidist.compare.analytic import Layout, calls_by_op, padded_unit, plan
 from minidist.compare.report import TABLES, terminal
 from minidist.compare.timeline import chrome_trace, draw_png
 
-STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard"]
+STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard", "ddp+tp2"]
 MEASURED_MEMORY = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard"]
 # A GPT whose every FSDP unit has an even number of elements (root 18560, blocks 49984).
 TINY = ["model.n_layer=4", "model.n_embd=64", "model.n_head=2", "model.block_size=32", "data=synthetic",
@@ -27,6 +27,7 @@ def body_measure(overrides: list[str]) -> list[dict]:
     import time
 
     from minidist import runtime
+    from minidist.compare.config import row_strategy
     from minidist.compare.measure import measure_strategy
     from minidist.train.data import build_datasets
     from recipes.compare import compose
@@ -35,7 +36,7 @@ def body_measure(overrides: list[str]) -> list[dict]:
     topo = runtime.init("gloo")
     train_ds = build_datasets(cfg, topo)[0]
     t0 = time.perf_counter()
-    return [measure_strategy(cfg, cfg.strategy_options[s], topo, train_ds, t0) for s in cfg.strategies]
+    return [measure_strategy(cfg, row_strategy(cfg, s), topo, train_ds, t0, s) for s in cfg.strategies]
 
 
 @functools.lru_cache(maxsize=2)
@@ -43,7 +44,7 @@ def profile_of(overrides: tuple[str, ...]):
     """The fake-tensor step profile and layout of a configuration's model and batch."""
     from minidist.compare.run import _profile
     from recipes.compare import compose
-    return _profile(compose(list(overrides)))
+    return _profile(compose(list(overrides) + ["strategies=[ddp]"]))  # the plain model's: any world
 
 
 _RUNS: dict[tuple, list] = {}
@@ -51,6 +52,7 @@ _RUNS: dict[tuple, list] = {}
 
 def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[str], memory: bool = True):
     """Every rank's measurements of `strategies` (run once per configuration in a session), and the rows."""
+    from minidist.compare.config import row_strategy
     from recipes.compare import compose
 
     overrides = overrides + [f"strategies=[{','.join(strategies)}]", f"memory={str(memory).lower()}"]
@@ -59,9 +61,9 @@ def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[st
         _RUNS[key] = run_dist(world, body_measure, overrides, timeout=300)
     per_rank = _RUNS[key]
     per_strategy = [list(raws) for raws in zip(*per_rank)]
-    cfg = compose(overrides)
+    cfg = compose(overrides, world=(world, world))
     prof, layout = profile_of(tuple(o for o in overrides if not o.startswith(("strategies", "memory"))))
-    rows = [strategy_row(raws, layout, CostModel(1e-4, 1e-9), prof, cfg, cfg.strategy_options[raws[0]["strategy"]])
+    rows = [strategy_row(raws, layout, CostModel(1e-4, 1e-9), prof, cfg, row_strategy(cfg, raws[0]["strategy"]))
             for raws in per_strategy]
     return cfg, layout, per_strategy, rows
 
@@ -70,8 +72,8 @@ def check_bytes(cfg, layout: Layout, per_strategy, rows, world: int) -> None:
     """The trace counts what the formulas say, call by call; every rank alike (no broadcast here)."""
     for raws, row in zip(per_strategy, rows):
         name = row["strategy"]
-        lay = dataclasses.replace(layout, bucket_numels=tuple(raws[0]["bucket_numels"]) or layout.bucket_numels)
-        calls = plan(name, lay, world, grad_clip=cfg.trainer.grad_clip > 0)
+        lay, tp = tensor_parallel_of(raws[0], layout, cfg)
+        calls = plan(name.partition("+")[0], lay, world, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
         assert row["bytes"]["trace"] == pytest.approx(row["bytes"]["formula"]), name
         assert row["bytes"]["payload"] == sum(c.payload for c in calls), name
         assert {op: round(n) for op, n in row["calls"].items()} == calls_by_op(calls), name
@@ -125,10 +127,35 @@ def test_world_2_bytes_time_tables_timeline_and_memory(run_dist, tmp_path):
     printed = terminal(rows, by["ddp"]["bytes"]["trace"])
     assert all(len(line) <= 120 for line in printed.splitlines()), max(printed.splitlines(), key=len)
     assert sum(title in printed for title in TABLES) == 3 and "this is full_shard" in printed
+    check_tp_row(cfg, layout, per_strategy[STRATEGIES.index("ddp+tp2")], by["ddp+tp2"], by["ddp"], printed)
     for row in (by[name] for name in MEASURED_MEMORY):  # the estimate against torch's allocator events
         m = row["memory"]
         assert abs(m["error"]) <= 0.05, (row["strategy"], m["allocator"], m["estimate"])
         assert m["by_role"]["optimizer"] > 0 and m["by_role"]["parameters"] > 0
+
+
+def check_tp_row(cfg, layout: Layout, raws, row: dict, ddp: dict, printed: str) -> None:
+    """ddp+tp2 at world 2 is pure tensor parallelism (dp = 1): every collective of its step is one of
+    minidist.tp.cost's for the batch its tp group shares (2 x trainer.batch_size: the same global batch as
+    ddp's), plus DDP's reducer on its one-rank group (nothing sent); parameters per rank as sliced."""
+    from minidist.tp import cost
+    steps, t = cfg.steps, raws[0]["tp"]
+    assert (t["size"], t["dp"], t["batch"]) == (2, 1, 2 * cfg.trainer.batch_size)
+    for raw in raws:
+        got = Counter((r["op"], r["payload_bytes"] // 4, r["group_size"]) for r in raw["records"])
+        want = Counter({(op, numel, 2): k * steps for (op, numel), k in
+                        cost.collectives(cfg.model, t["batch"], cfg.model.block_size).items()})
+        want += Counter({("all_reduce", b, 1): steps for b in raw["bucket_numels"]})  # DDP over dp = 1
+        assert got == want, (got, want)
+    b = row["bytes"]
+    assert b["formula"] == b["trace"] == cost.step_bytes(cfg.model, t["batch"], cfg.model.block_size, 2)
+    assert row["closed_form"] == "8Lbshe(T-1)/T" and "TP = 8Lbshe(T-1)/T on the critical" in printed
+    sliced = row["tp"]["psi_per_rank"]
+    assert layout.psi / 2 < sliced < layout.psi  # the blocks halve, embeddings and norms stay whole
+    m = row["memory"]
+    assert m["by_role"]["parameters"] == 4 * sliced == pytest.approx(ddp["memory"]["by_role"]["parameters"] * sliced
+                                                                      / layout.psi)
+    assert m["estimate"] is None and m["allocator"] > 0  # measured, never made up
 
 
 def body_ledger_allocates_nothing(overrides: list[str]) -> tuple[bool, int, int]:
@@ -172,3 +199,8 @@ def test_the_whole_report_fits_120_columns_and_writes_every_file(run_dist, tmp_p
     assert {r["cluster"] for r in proj} == {"calibrated", *cfg.projection.clusters}
     assert all(r["memory_GB"] is None for r in proj if r["cluster"] == "calibrated")  # this machine: no device
     assert "zero1" in printed and "fits 80/141 GB from" in printed
+    tp = [r for r in proj if r["strategy"] == "ddp+tp2"]  # TP on the critical path: it never hides
+    assert tp and all(r["comm_critical_s"] > 0 and not r["hides"] for r in tp)
+    h100 = {r["ranks"]: r for r in tp if r["cluster"] == "h100_ib_8x400g"}
+    assert not h100[8]["leaves_node"] and h100[16]["leaves_node"]  # tp within a node, dp across nodes
+    assert h100[8]["comm_s"] == pytest.approx(h100[8]["comm_critical_s"] + h100[8]["comm_backward_s"])
