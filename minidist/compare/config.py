@@ -138,9 +138,11 @@ def check_rows_world(cfg, world: int) -> None:
     """Every tensor-parallel degree divides the world; ValueError (one line naming `strategies`)."""
     bad = [row for row in cfg.strategies if world % parse_row(row)[1]]
     if bad:
-        raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(bad)} need{'s' if len(bad) == 1 else ''} a "
-                         f"world divisible by the tp degree, and the world is {world}; "
-                         f"use a degree that divides {world}")
+        keep = [row for row in cfg.strategies if row not in bad]
+        raise ValueError(f"strategies: {', '.join(bad)} need{'s' if len(bad) == 1 else ''} a world divisible by "
+                         f"its tp degree, and this one has {world} rank{'s' if world > 1 else ''}; run at such a "
+                         f"world or leave {'it' if len(bad) == 1 else 'them'} out: "
+                         f"strategies=[{','.join(keep)}]")
 
 
 def check(cfg) -> None:

@@ -22,7 +22,7 @@ SMALL = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_si
 def test_a_bad_tp_row_is_one_line_naming_strategies():
     from recipes.compare import compose
     for argv, world, expect in [
-        (["strategies=[ddp+tp2]"], 3, "ddp+tp2 needs a world divisible by the tp degree, and the world is 3"),
+        (["strategies=[ddp+tp2]"], 3, "ddp+tp2 needs a world divisible by its tp degree, and this one has 3 ranks"),
         (["strategies=[ddp+tp4]"], 4, "strategies: ddp+tp4's tp=4 must divide model.n_head=2"),
         (["strategies=[ddp+tp1]"], 2, "ddp+tp1 not valid"),
         (["strategies=[ddp+tpx]"], 2, "ddp+tpx not valid"),
