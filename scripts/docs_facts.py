@@ -39,12 +39,17 @@ from snippet_check import (GENERATED, ROOT, STAMP, Fact, _norm, cell, check, fro
 
 
 def _module_from(path: str):
-    """A script of the repository (benchmarks/...) as a module, without running its main()."""
+    """A script of the repository (benchmarks/...) as a module, without running its main(); its own
+    directory on the path, as when it runs (benchmarks import benchmarks/emulated.py)."""
     name = "_docs_" + Path(path).stem
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, ROOT / path)
         sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-        spec.loader.exec_module(sys.modules[name])
+        sys.path.insert(0, str((ROOT / path).parent))
+        try:
+            spec.loader.exec_module(sys.modules[name])
+        finally:
+            sys.path.remove(str((ROOT / path).parent))
     return sys.modules[name]
 
 
