@@ -132,3 +132,14 @@ def test_site_builds_strictly(tmp_path):
     out = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+
+
+def test_state_diagram_labels_parse():
+    """Mermaid ends a stateDiagram transition's label at the next ':' or ';', and a diagram it cannot parse
+    shows as raw text on the page (the DDP bucket diagram did, seen in Chromium): one ':' per transition."""
+    bad = []
+    for page in DOCS.rglob("*.md"):
+        for block in re.findall(r"```mermaid\n(stateDiagram.*?)```", page.read_text(), flags=re.S):
+            bad += [f"{page.relative_to(DOCS)}: {line.strip()}" for line in block.splitlines()
+                    if "-->" in line and (line.count(":") > 1 or ";" in line)]
+    assert not bad, "\n".join(bad)
