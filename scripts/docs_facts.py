@@ -27,11 +27,11 @@ import inspect
 import io
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from snippet_check import (GENERATED, ROOT, STAMP, Fact, _norm, cell, check, from_json, line,  # noqa: F401
+from lesson_facts import LESSON_MEASURED, lesson, lesson_claims, lessons  # noqa: F401 - lesson_claims: tests
+from snippet_check import (GENERATED, ROOT, STAMP, Fact, Snippet, _norm, cell, check, from_json,  # noqa: F401
                            read_cell, text, to_json)
 
 
@@ -178,85 +178,6 @@ def _job_values(job: str, flag: str) -> list[float]:
     return values
 
 
-# lessons ---------------------------------------------------------------------
-
-
-def lesson_claim(name: str) -> Fact:
-    from recipes.lessons.common import claim_pattern
-    return line(f"lesson {name}: the claim's wording", "claim: ",
-                claim_pattern(name) + r" -> (holds|timing not seen on this small run.*)")
-
-
-def lesson(name: str, cells: Callable[[], list[Fact]] | None = None) -> Callable[[], list[Fact]]:
-    return lambda: [lesson_claim(name)] + (cells() if cells else [])
-
-
-def lesson_claims() -> list[Fact]:
-    from recipes.lessons import LESSONS
-    from recipes.lessons.common import claim_pattern
-    return [line(f"lesson {n}: the claim's wording in the list", f"{i + 1}. `{n}`: ",
-                 claim_pattern(n) + r" -> (holds|timing not seen on this small run.*)")
-            for i, n in enumerate(LESSONS)]
-
-
-def _lesson_context():
-    import torch
-    import torch.distributed as dist
-
-    from minidist.runtime import Topology
-    from recipes.lessons.common import Context
-    return Context(Topology(dist.get_rank(), dist.get_world_size(), dist.get_rank(), "gloo", torch.device("cpu"),
-                            dist.group.WORLD), small=False)
-
-
-def bucket_sweep_cells() -> list[Fact]:
-    """The bucket layout at each cap after the rebuild (no timing)."""
-    import torch
-
-    from recipes.lessons import bucket_sweep as les
-    width, layers, seconds, caps = les.sizes(small=False)
-    x = torch.randn(16, width)
-    facts = []
-    for cap in caps:
-        model, opt = les.build(width, layers, 0.0, cap)
-        les.step(model, opt, x)
-        mib = les.bucket_mib(model)
-        key = "default (None)" if cap is None else f"{cap:.3g}"
-        facts += [cell(f"buckets at cap {key}", key, "buckets", len(mib)),
-                  cell(f"first bucket at cap {key}", key, "first MiB", f"{mib[0]:.3g}"),
-                  cell(f"largest bucket at cap {key}", key, "largest MiB", f"{max(mib):.3g}")]
-    return facts
-
-
-def fsdp_vs_ddp_bytes_cells() -> list[Fact]:
-    """Traced bytes per phase and call type of every engine, in units of S (N-1)/N."""
-    from recipes.lessons import fsdp_vs_ddp_bytes as les
-    _, unit, res = les.units(_lesson_context(), small=False)
-    return [cell(f"{e}: {col}", e, col, f"{r['trace'][key] / unit:.3g}")
-            for e, r in res.items() for col, key in les.COLUMNS.items()]
-
-
-def no_sync_cells() -> list[Fact]:
-    """How many micro-batches each engine reduces under each form of no_sync."""
-    from recipes.lessons import no_sync as les
-    k = 4
-    return [cell(f"{e}, no_sync around {form}", f"{e} {form}", "reduced",
-                 f"{k if v == 'K' else v} of {k}")
-            for e in les.ENGINES for form, v in les.EXPECTED[e.split()[-1]].items()]
-
-
-def tp_vs_ddp_bytes_cells() -> list[Fact]:
-    """TP's and DDP's bytes by formula at every batch size (the lessons job runs at N = 2)."""
-    from minidist.models.gpt import GPT
-    from minidist.tp import cost
-    from recipes.lessons import tp_vs_ddp_bytes as les
-    cfg, n = les.config(small=False), 2
-    ddp = 2 * sum(p.numel() for p in GPT(cfg).parameters()) * 4 * (n - 1) / n
-    return [c for b in les.batch_sizes(small=False) for c in (
-        cell(f"TP's formula at b = {b}", str(b), "TP formula", f"{cost.step_bytes(cfg, b, cfg.block_size, n) / 2**10:.3g}"),
-        cell(f"DDP's formula at b = {b}", str(b), "DDP formula", f"{ddp / 2**10:.3g}"))]
-
-
 def traced_step(engine: str) -> Callable[[], list[Fact]]:
     """The collectives of the traced step (recipes/traced_step.py), counted per op, after its warm-up."""
     def facts() -> list[Fact]:
@@ -321,70 +242,6 @@ def code_quote(name: str) -> Callable[[], list[Fact]]:
 # --------------------------------------------------------------------------- the registry
 
 
-@dataclass(frozen=True)
-class Snippet:
-    job: str
-    """The generator job that writes docs/generated/<name>.md."""
-    structural: str
-    """What in it the code decides: checked against the code in CI."""
-    clock: str
-    """What in it the clock decides (or the machine): not checked; '' when nothing."""
-    facts: Callable[[], list[Fact]] | None = None
-    world: int = 0
-    """2: `facts` runs on every rank of a two-process gloo group (rank 0's list counts)."""
-
-
-_LESSON_CLOCK = {
-    "bucket_sweep": "the ms columns (first launch, best step)",
-    "rs_ag_is_all_reduce": "",
-    "fsdp_vs_ddp_bytes": "",
-    "fsdp_memory": "",
-    "prefetch": "the forward and backward ms and the speed-up in the claim",
-    "no_sync": "",
-    "zero1_vs_ddp": "the ms columns and the step-time ratio in the claim",
-    "gloo_reduce_scatter": "the time columns and the time ratios in the claim",
-    "tp_vs_ddp_bytes": "",
-    "sequence_parallel": "",
-    "fsdp_x_tp": "",
-}
-_LESSON_CELLS = {"bucket_sweep": bucket_sweep_cells, "fsdp_vs_ddp_bytes": fsdp_vs_ddp_bytes_cells,
-                 "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells}
-_LESSON_STRUCTURE = {
-    "bucket_sweep": "the claim's wording; the bucket layout at each cap",
-    "fsdp_vs_ddp_bytes": "the claim's wording; the traced bytes of every engine, phase and call type",
-    "no_sync": "the claim's wording; how many micro-batches each engine reduces under each form",
-    "tp_vs_ddp_bytes": "the claim's wording; TP's and DDP's bytes by formula at every batch size",
-}
-_LESSON_MEASURED = {
-    "bucket_sweep": "layers left",
-    "rs_ag_is_all_reduce": "the kernel's byte counts",
-    "fsdp_vs_ddp_bytes": "the kernel's byte counts",
-    "fsdp_memory": "the peaks (torch's MemTracker)",
-    "prefetch": "gathers ahead, the unsharded units and the peak (MemTracker)",
-    "no_sync": "the kernel's byte counts and the errors",
-    "zero1_vs_ddp": "the optimizer state",
-    "gloo_reduce_scatter": "the kernel's byte counts",
-    "tp_vs_ddp_bytes": "the kernel's byte counts and the crossing",
-    "sequence_parallel": "the kernel's byte counts and the norms' and dropouts' activations (MemTracker)",
-    "fsdp_x_tp": "the kernel's byte counts, the formulas (FSDP's padded units), parameters and peaks (MemTracker)",
-}
-"""Decided by the code but measured at full size only when the snippet is generated (checked, at small
-size and at N = 2 and 4, by the lesson's own claim in tests/recipes/test_lessons.py)."""
-
-
-def _lessons() -> dict[str, Snippet]:
-    from recipes.lessons import LESSONS
-    out = {}
-    for n in LESSONS:
-        clock = _LESSON_CLOCK.get(n, "the times")
-        out[f"lesson_{n}"] = Snippet(
-            "lessons", _LESSON_STRUCTURE.get(n, "the claim's wording"),
-            f"{clock + '; ' if clock else ''}measured at this size only when generated: "
-            f"{_LESSON_MEASURED.get(n, 'the rest')}",
-            lesson(n, _LESSON_CELLS.get(n)), world=2 if n in ("bucket_sweep", "fsdp_vs_ddp_bytes") else 0)
-    return out
-
-
 def registry() -> dict[str, Snippet]:
     """Every snippet of docs/generated, by name."""
     snippets = {
@@ -407,9 +264,9 @@ def registry() -> dict[str, Snippet]:
         "lesson_claims": Snippet("lessons", "every claim's wording", "the numbers in the claims (see each lesson)",
                                  lesson_claims),
         "lesson_fsdp_x_tp_n4": Snippet("lesson_fsdp_x_tp_n4", "the claim's wording", "measured at this size only "
-                                       "when generated: " + _LESSON_MEASURED["fsdp_x_tp"], lesson("fsdp_x_tp")),
+                                       "when generated: " + LESSON_MEASURED["fsdp_x_tp"], lesson("fsdp_x_tp")),
     }
-    snippets.update(_lessons())
+    snippets.update(lessons())
     snippets["worked_numbers_xl"] = Snippet("worked_numbers_xl", "every number (shapes and formulas)", "",
                                             worked_numbers_xl)
     snippets["worked_numbers_n4"] = Snippet(

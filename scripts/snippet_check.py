@@ -11,6 +11,7 @@ import sys
 import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "docs" / "generated"
@@ -53,6 +54,19 @@ def text(what: str, expect: str) -> Fact:
 
 def line(what: str, prefix: str, pattern: str) -> Fact:
     return Fact("line", what, prefix=prefix, pattern=pattern)
+
+
+@dataclass(frozen=True)
+class Snippet:
+    job: str
+    """The generator job that writes docs/generated/<name>.md."""
+    structural: str
+    """What in it the code decides: checked against the code in CI."""
+    clock: str
+    """What in it the clock decides (or the machine): not checked; '' when nothing."""
+    facts: Callable[[], list[Fact]] | None = None
+    world: int = 0
+    """2: `facts` runs on every rank of a two-process gloo group (rank 0's list counts)."""
 
 
 # --------------------------------------------------------------------------- checking
