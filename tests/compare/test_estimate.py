@@ -116,3 +116,11 @@ def test_estimate_from_a_meta_model_in_fp16():
     assert est16.by_role["optimizer"] < est32.by_role["optimizer"]
     with pytest.raises(ValueError, match="needs batch"):
         estimate_memory(model, "ddp", 2)
+
+
+def test_the_comparisons_gpt_size_applies_to_the_gpt_only():
+    """configs/compare_model/<model>.yaml sizes the chosen model; a model without one (resnet18) composes."""
+    from recipes.compare import compose
+    assert compose([], world=(2, 2)).model.n_layer == 8
+    resnet = compose(["model=resnet18", "data=synthetic", "strategies=[ddp,full_shard]"], world=(2, 2))
+    assert resnet.model.name == "resnet18" and "n_layer" not in resnet.model
