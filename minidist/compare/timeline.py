@@ -167,34 +167,13 @@ def draw_step(ranks: list[dict], path: Path, title: str, moments: list[tuple[flo
     y = 0.0
     for raw, ls, h in zip(ranks, lanes, heights):
         top = y + h
-        rows = {"compute": top - 1, "engine": top - 2}
-        for phase, a, b in raw["phases"]:
-            ax.broken_barh([(ms(a), ms(b) - ms(a))], (rows["compute"] + 0.05, 0.9), color=PHASE_COLORS[phase], alpha=0.2)
-        for phase, a, b in raw["compute"]:
-            ax.broken_barh([(ms(a), ms(b) - ms(a))], (rows["compute"] + 0.2, 0.6), color=PHASE_COLORS[phase])
-        for kind, _, a, b in sorted(raw["probes"], key=lambda e: e[2] - e[3]):  # nested calls drawn over their callers
-            ax.broken_barh([(ms(a), max(ms(b) - ms(a), 0.25))], (rows["engine"] + 0.15, 0.7), color=PROBE_COLORS[kind])
-        for rec, lane in zip(raw["records"], ls):
-            a, b = ms(rec["issued"]), ms(rec["completed"] if rec["completed"] is not None else rec["issued"])
-            ly = top - 3 - lane
-            ax.broken_barh([(a, b - a)], (ly + 0.1, 0.8), color=OP_COLORS.get(rec["op"], "gray"), alpha=0.6)
-            ax.text(a + 0.004 * span, ly + 0.5, OP_ABBREV.get(rec["op"], rec["op"]), fontsize=6, va="center",
-                    clip_on=True)
-        rows["comm"] = top - 3
+        rows = _draw_step_rank(ax, raw, ls, top, ms, span)
         ticks += [rows["compute"] + 0.5, rows["engine"] + 0.5] + [top - 3 - k + 0.5 for k in range(h - 2)]
         labels += [f"rank {raw['rank']} compute", "engine"] + ["comm" if k == 0 else f"comm {k + 1}" for k in range(h - 2)]
         if raw["rank"] == ranks[0]["rank"]:
             rows0 = rows
         y = top + 1
-    placed: list[tuple[float, int]] = []
-    for n, (t, row, _) in enumerate(moments, 1):  # a moment close to an earlier one is raised a level
-        level = next(k for k in range(len(moments) + 1)
-                     if all(abs(ms(t) - x) > 0.025 * span or k != lv for x, lv in placed))
-        placed.append((ms(t), level))
-        yy = rows0[row] + 0.5
-        ax.annotate(str(n), xy=(ms(t), yy), xytext=(ms(t), yy + 0.8 + 0.55 * (level % 3)), fontsize=7, ha="center",
-                    bbox=dict(boxstyle="circle,pad=0.15", fc="white", ec="black", lw=0.6),
-                    arrowprops=dict(arrowstyle="-", lw=0.6))
+    _draw_moments(ax, moments, rows0, ms, span)
     ax.set_yticks(ticks)
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_ylim(-0.3, y + 0.6)
@@ -211,3 +190,35 @@ def draw_step(ranks: list[dict], path: Path, title: str, moments: list[tuple[flo
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _draw_step_rank(ax, raw: dict, lanes: list[int], top: float, ms, span: float) -> dict[str, float]:
+    """One rank's rows below `top`: compute (phases pale, sleeping layers solid), engine, comm lanes.
+    Returns each row's bottom y."""
+    rows = {"compute": top - 1, "engine": top - 2, "comm": top - 3}
+    for phase, a, b in raw["phases"]:
+        ax.broken_barh([(ms(a), ms(b) - ms(a))], (rows["compute"] + 0.05, 0.9), color=PHASE_COLORS[phase], alpha=0.2)
+    for phase, a, b in raw["compute"]:
+        ax.broken_barh([(ms(a), ms(b) - ms(a))], (rows["compute"] + 0.2, 0.6), color=PHASE_COLORS[phase])
+    for kind, _, a, b in sorted(raw["probes"], key=lambda e: e[2] - e[3]):  # nested calls drawn over their callers
+        ax.broken_barh([(ms(a), max(ms(b) - ms(a), 0.25))], (rows["engine"] + 0.15, 0.7), color=PROBE_COLORS[kind])
+    for rec, lane in zip(raw["records"], lanes):
+        a, b = ms(rec["issued"]), ms(rec["completed"] if rec["completed"] is not None else rec["issued"])
+        ly = rows["comm"] - lane
+        ax.broken_barh([(a, b - a)], (ly + 0.1, 0.8), color=OP_COLORS.get(rec["op"], "gray"), alpha=0.6)
+        ax.text(a + 0.004 * span, ly + 0.5, OP_ABBREV.get(rec["op"], rec["op"]), fontsize=6, va="center",
+                clip_on=True)
+    return rows
+
+
+def _draw_moments(ax, moments: list[tuple[float, str, str]], rows: dict[str, float], ms, span: float) -> None:
+    """Circled numbers 1, 2, ... on rank 0's rows; a moment close to an earlier one is raised a level."""
+    placed: list[tuple[float, int]] = []
+    for n, (t, row, _) in enumerate(moments, 1):
+        level = next(k for k in range(len(moments) + 1)
+                     if all(abs(ms(t) - x) > 0.025 * span or k != lv for x, lv in placed))
+        placed.append((ms(t), level))
+        yy = rows[row] + 0.5
+        ax.annotate(str(n), xy=(ms(t), yy), xytext=(ms(t), yy + 0.8 + 0.55 * (level % 3)), fontsize=7, ha="center",
+                    bbox=dict(boxstyle="circle,pad=0.15", fc="white", ec="black", lw=0.6),
+                    arrowprops=dict(arrowstyle="-", lw=0.6))

@@ -174,12 +174,9 @@ def _check_strategy(st, world_size: int | None, local_world_size: int | None) ->
         raise ConfigError(f"strategy.max_inflight_all_gathers={st.max_inflight_all_gathers} must be >= 0")
     if world_size is None:
         return
-    if st.name == "single" and world_size != 1:
-        raise ConfigError(f"strategy=single runs one process, but this job has {world_size}; use strategy=ddp "
-                          f"(or another data-parallel strategy) under torchrun")
-    if st.name == "hybrid_shard" and st.get("tp_size", 1) == 1:
+    if st.name == "hybrid_shard" and st.get("tp_size", 1) == 1:  # this line also explains null (per node)
         check_shard_size("strategy.shard_size", st.shard_size, [world_size], local_world_size)
-    from minidist.train.parallelize import layout_dims  # the engines' own rule (tp_size x shard_size)
+    from minidist.train.parallelize import layout_dims  # the engines' own rule: single, tp_size x shard_size
 
     try:
         layout_dims(st, world_size, local_world_size)

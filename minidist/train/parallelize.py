@@ -74,7 +74,7 @@ def layout_dims(strategy_cfg, world: int, local_world: int | None = None) -> Par
     """The strategy's degrees at `world` ranks (`local_world` per node); ValueError names the setting."""
     name = strategy_cfg.name
     if name == "single" and world != 1:
-        raise ValueError(f"strategy=single runs one process, but the world has {world}; "
+        raise ValueError(f"strategy=single runs one process, but this job has {world}; "
                          f"use strategy=ddp (or another data-parallel strategy) under torchrun")
     tp = getattr(strategy_cfg, "tp_size", 1)
     if name == "hybrid_shard":
