@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from minidist import comm
 from minidist.ddp import DDP
-from minidist.fsdp import FSDP
+from minidist.fsdp import FSDP, prefetch_ahead
 from minidist.models.gpt import GPT, Block, GPTConfig
 from emulated import sleep  # benchmarks/emulated.py: the script's own directory
 
@@ -225,7 +225,8 @@ def _sleeping(engine: str, width: int, depth: int, seconds: float):
     if engine == "fsdp":
         model = FSDP(model, wrap={SleepLayer})
     elif engine == "fsdp no prefetch":
-        model = FSDP(model, wrap={SleepLayer}, forward_prefetch=False, backward_prefetch=False)
+        model = FSDP(model, wrap={SleepLayer})
+        prefetch_ahead(model.units, forward=0, backward=0)  # explicit prefetch lists, all empty
     elif engine == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard

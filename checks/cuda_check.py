@@ -104,20 +104,21 @@ for stage, overlap in ((1, False), (2, False), (1, True)):  # ZeRO hooks the gra
 policy = minidist.precision.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 z = copy.deepcopy(base)
 train(z, opt=minidist.ShardedOptimizer(z.parameters(), torch.optim.AdamW, lr=1e-3, stage=2, mp_policy=policy, module=z))
-d = minidist.DDP(copy.deepcopy(base), mixed_precision=policy)
+d = minidist.DDP(copy.deepcopy(base), mp_policy=policy)
 train(d)
 for name, sd in (("ZeRO-2 bf16", z.state_dict()), ("DDP bf16", d.module.state_dict())):
     say(f"{name}: max|mp - fp32 ref| = {max_diff(sd):.2e}")
     assert max_diff(sd) < 3e-2, max_diff(sd)  # bf16 compute; ZeRO's parameters are the bf16-rounded masters
 
 
-strategies = [("full_shard", {}), ("shard_grad_op", {}), ("no_shard", {})]
+strategies = [("full_shard", {}), ("shard_grad_op", {"reshard_after_forward": False}),  # FSDP2's arguments
+              ("no_shard", {"mesh": minidist.mesh.hybrid_mesh(topo, shard=1), "reshard_after_forward": False})]
 if topo.world_size % 2 == 0:
     strategies.append(("hybrid_shard", {"mesh": minidist.mesh.hybrid_mesh(topo, shard=2)}))
 for strategy, kw in strategies:
     for pd, offload in ((None, None), (torch.bfloat16, None), (torch.bfloat16, CPUOffloadPolicy())):
-        f = FSDP(copy.deepcopy(base), wrap={Block}, sharding_strategy=strategy, param_dtype=pd,
-                 reduce_dtype=torch.float32 if pd else None, offload_policy=offload, **kw)
+        f = FSDP(copy.deepcopy(base), wrap={Block}, offload_policy=offload, **kw,
+                 mp_policy=minidist.precision.MixedPrecisionPolicy(pd, torch.float32 if pd else None))
         assert f.streams.cuda == cuda and (not cuda or f.streams.all_gather != torch.cuda.current_stream())
         opt = train(f, strict=offload is None)  # offload copies gradients to the host: that one blocks
         sd = f.full_state_dict(rank0_only=False, cpu_offload=False)

@@ -238,7 +238,7 @@ def moments_fsdp(raw: dict) -> list[tuple[float, str, str]]:
     reductions = [e for e in raw["probes"] if e[0] == "launch"]
     out = [(in_fwd[0][2], "engine", f"{in_fwd[0][1]}: gathered at the start of forward, nothing to hide behind"),
            (in_fwd[1][2], "engine", f"{in_fwd[1][1]}: prefetched as soon as {in_fwd[0][1]} is installed, before "
-                                    f"it computes (one unit ahead, max_inflight_all_gathers=1)"),
+                                    f"it computes (one unit ahead, FSDP2's default prefetch)"),
            (fwd[2], "compute", "forward ends: every block was freed after its forward; the root, which ends the "
                                "forward, stays gathered for backward (S_root is not gathered again)"),
            (in_bwd[0][2], "engine", f"{in_bwd[0][1]}: gathered again for backward (prefetched by the root's "

@@ -154,14 +154,16 @@ def build(strategy: str, precision: str, cfg: GPTConfig, topo):
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if precision == "bf16" else None
     adamw = dict(lr=1e-4)
     if strategy == "ddp":
-        model = DDP(model, mixed_precision=policy)
+        model = DDP(model, mp_policy=policy)
         return model, torch.optim.AdamW(model.parameters(), **adamw)
     if strategy.startswith("zero"):
         kw = dict(owner_broadcast=True) if strategy == "zero1_broadcast" else dict(stage=int(strategy[4]))
         return model, ShardedOptimizer(model.parameters(), torch.optim.AdamW, mp_policy=policy,
                                        module=model if policy else None, **kw, **adamw)
-    kw = dict(mesh=hybrid_mesh(topo, topo.world_size // 2)) if strategy == "hybrid_shard" else {}
-    model = FSDP(model, wrap={Block}, sharding_strategy=strategy, mp_policy=policy, **kw)
+    shard = {"hybrid_shard": topo.world_size // 2, "no_shard": 1}.get(strategy)  # FSDP2: HSDP; shards of one rank
+    kw = dict(mesh=hybrid_mesh(topo, shard)) if shard else {}
+    model = FSDP(model, wrap={Block}, reshard_after_forward=strategy in ("full_shard", "hybrid_shard"),
+                 mp_policy=policy, **kw)
     return model, torch.optim.AdamW(model.parameters(), **adamw)
 
 

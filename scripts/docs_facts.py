@@ -219,9 +219,9 @@ def worked_numbers_n4() -> list[Fact]:
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
-    "code_ddp_gradient_path": ("minidist.ddp.reducer:Reducer._on_grad_ready", "minidist.ddp.reducer:Reducer._mark_ready",
-                               "minidist.ddp.reducer:Reducer._launch_full_buckets",
-                               "minidist.ddp.reduction:allreduce_presummed"),
+    "code_ddp_gradient_path": ("minidist.buckets.reducer:Reducer._on_grad_ready", "minidist.buckets.reducer:Reducer._mark_ready",
+                               "minidist.buckets.launcher:OrderedLauncher.launch_ready",
+                               "minidist.buckets.reduction:allreduce_presummed"),
 }
 """Snippet name -> the functions it quotes, in the order a gradient meets them ("module:qualname")."""
 

@@ -84,7 +84,7 @@ def _graph() -> dict[str, set[str]]:
 def test_graph_covers_every_module_and_import_form():
     known = set(_modules_cache)
     assert {"minidist", "minidist.fsdp.unit", "minidist.fsdp.schedule", "minidist.fsdp.state_dict",
-            "minidist.fsdp.api", "minidist.ddp.reducer", "minidist.train.trainer", "minidist.models.resnet"} <= known
+            "minidist.fsdp.api", "minidist.buckets.reducer", "minidist.train.trainer", "minidist.models.resnet"} <= known
     source = """
 import minidist.comm.trace
 from minidist import mesh, Topology

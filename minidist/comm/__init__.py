@@ -2,6 +2,7 @@
 
     from minidist import comm
     comm.all_reduce(t)                       # stateless, delegates to torch.distributed
+    comm.broadcast_tensors(params, group=g)  # every rank starts from group rank 0's values
     with comm.trace() as tr: ...             # what was sent, how many bytes, how long (and what "hidden" means)
     model = comm.calibrate(); model.predict("all_reduce", S, N)
     with comm.reduce_scatter_algorithm("ring"): ...   # or "native"; "auto" (default) picks by backend
@@ -32,6 +33,7 @@ from minidist.comm.collectives import (
     scatter,
 )
 from minidist.comm import flight_recorder, kernel_io
+from minidist.comm.replicate import broadcast_tensors
 from minidist.comm.cost import CostModel, calibrate
 from minidist.comm.fingerprint import CollectiveMismatchError, set_debug
 from minidist.comm.flight_recorder import CollectiveTimeoutError
@@ -40,6 +42,7 @@ from minidist.comm.trace import Record, Trace, collect_all, hidden_share, ring_b
 
 __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
+    "broadcast_tensors",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "hidden_share", "collect_all", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
     "flight_recorder", "kernel_io", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",

@@ -153,8 +153,7 @@ def settings_of(strategy_cfg, raw: dict | None = None, world: int | None = None)
     if name == "ddp":
         out["gradient_as_bucket_view"] = strategy_cfg.gradient_as_bucket_view
     if name in ("shard_grad_op", "full_shard", "hybrid_shard", "no_shard"):
-        out |= {k: getattr(strategy_cfg, k) for k in ("max_inflight_all_gathers", "forward_prefetch",
-                                                      "backward_prefetch")}
+        out["prefetch"] = strategy_cfg.prefetch
     if name == "hybrid_shard":
         out["shard_size"] = raw["mesh"]["shape"][-1] if raw else min(strategy_cfg.shard_size or world, world)
     return out

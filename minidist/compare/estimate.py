@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from minidist.compare.profile import Sample, StepProfile, profile_step
 from minidist.ddp import footprint as ddp_footprint
-from minidist.ddp.bucket import ReducerPolicy
+from minidist.buckets.policy import ReducerPolicy
 from minidist.footprint import ROLES, Held, OptimizerModel
 from minidist.fsdp import footprint as fsdp_footprint
 from minidist.zero import footprint as zero_footprint
@@ -74,7 +74,7 @@ def held(prof: StepProfile, strategy: str, world: int, *, device: str = "cpu", o
          gradient_as_bucket_view: bool = False, **fsdp) -> list[Held]:
     """What `strategy`'s engine holds at each instant of a step: the engine's own held() (minidist.footprint).
 
-    fsdp: FSDP's settings (max_inflight_all_gathers, forward_prefetch, backward_prefetch)."""
+    fsdp: FSDP's settings (prefetch: units gathered ahead of use)."""
     if strategy not in STAGE:
         raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STAGE)}")
     if optimizer not in OPTIMIZERS:
@@ -144,7 +144,7 @@ def estimate_memory(prof: StepProfile | nn.Module, strategy: str, world: int, dt
     device (then batch (meta tensors), loss_fn(model, batch) -> loss and wrap (the FSDP block types)
     are needed, and dtype casts it first; profiling once and passing the profile is cheaper for
     many strategies and worlds). settings: held()'s (optimizer, shard_size, backend, bucket_cap_mb,
-    gradient_as_bucket_view, max_inflight_all_gathers, forward_prefetch, backward_prefetch).
+    gradient_as_bucket_view, prefetch).
     """
     if isinstance(prof, nn.Module):
         if batch is None or loss_fn is None:

@@ -1,18 +1,16 @@
 """minidist.ddp: data parallelism by bucketed, overlapped all_reduce of gradients.
 
-Read in this order: bucket.py (which gradients travel together), comm_hooks.py
-(how a full bucket is reduced), reduction.py (in place or through the flat
-buffer; the default reduction), ready_order.py (the one rebuild), reducer.py
-(autograd hook -> bucket -> all_reduce -> p.grad), ddp.py (the public module),
-join.py (uneven inputs), powersgd.py (a compressing hook with state).
+The buckets, their launch in order and the all_reduce reducer are minidist.buckets (shared
+with ZeRO): read that package first. Then, in this order: comm_hooks.py (how a full bucket
+is reduced), mixed_precision.py (fp32 masters and their compute copies), ddp.py (the
+public module), join.py (uneven inputs), powersgd.py (a compressing hook with state).
 """
 
-from minidist.ddp.bucket import Bucket, BucketState, ReducerPolicy, assign_buckets
+from minidist.buckets import Bucket, BucketState, Reducer, ReducerPolicy, assign_buckets
 from minidist.ddp.comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook, state_factory
 from minidist.ddp.ddp import DDP
 from minidist.ddp.join import Join
 from minidist.ddp.powersgd import PowerSGDState, powersgd_hook
-from minidist.ddp.reducer import Reducer
 
 __all__ = ["DDP", "Bucket", "BucketState", "assign_buckets", "Reducer", "ReducerPolicy", "Join",
            "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "state_factory",

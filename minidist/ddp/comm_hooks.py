@@ -4,7 +4,7 @@ The contract is torch's ``DistributedDataParallel.register_comm_hook(state, hook
 
     hook(state, bucket) -> torch.futures.Future[Tensor]
 
-``bucket`` is a minidist.ddp.bucket.Bucket (``bucket.buffer()`` is the flat
+``bucket`` is a minidist.buckets.bucket.Bucket (``bucket.buffer()`` is the flat
 gradient, ``bucket.parameters()`` its parameters). It holds this rank's *plain
 local gradients* (sums over the micro-batches since the last synced backward,
 nothing divided). The future's value must be a tensor of ``bucket.buffer()``'s
@@ -18,7 +18,7 @@ them: it divides each gradient by N on its way in (fused into the copy into
 the bucket as torch's reducer does, or in place in p.grad) and then only sums.
 Exported as a hook, it would return N times the average wherever the reducer
 did not pre-divide (registered by a user, or called from a user's hook); so it
-lives, private, in reduction.py, and declares its divided input, so that the
+lives, private, in minidist/buckets/reduction.py, and declares its divided input, so that the
 reducer pre-divides whenever it is the registered hook. A registered hook
 always gets the flat bucket (``bucket.buffer()``), never the in-place way.
 
@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
-from minidist.ddp.bucket import Bucket
+from minidist.buckets.bucket import Bucket
+from minidist.buckets.reducer import CommHook
 
-CommHook = Callable[[Any, Bucket], torch.futures.Future]
 StateFactory = Callable[["dist.ProcessGroup | None"], Any]
 _Hook = TypeVar("_Hook", bound=Callable)
 

@@ -1,6 +1,7 @@
-"""minidist.DDP: the public module. Used exactly as torch's DistributedDataParallel:
+"""minidist.DDP: the public module. Used as torch's DistributedDataParallel, in FSDP2's vocabulary:
 
-    model = DDP(net, device_mesh=mesh, bucket_cap_mb=25)   # or process_group=; neither = the world
+    model = DDP(net, mesh=mesh, bucket_cap_mb=25)   # or process_group=; neither = the world
+    model = DDP(net, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
     loss = loss_fn(model(x), y)
     loss.backward()          # gradients are averaged across ranks by the end of this call
     optimizer.step()
@@ -8,8 +9,9 @@
 What happens where:
   * construction: every rank checks that it built the same model (names, shapes,
     dtypes; a mismatch is an error on every rank, not a hang), then rank 0's
-    parameters and buffers are broadcast so every replica starts identical;
-    a Reducer (reducer.py) buckets the trainable parameters and hooks them.
+    parameters and buffers are broadcast (comm.broadcast_tensors) so every replica
+    starts identical; a Reducer (minidist.buckets.reducer) buckets the trainable
+    parameters and hooks them.
   * forward: buffers (BatchNorm running statistics) are broadcast from rank 0,
     so every replica normalises with the same statistics; the reducer is told
     whether the coming backward syncs (require_backward_grad_sync, False under
@@ -29,24 +31,28 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from minidist import comm
-from minidist.ddp.bucket import ReducerPolicy
+from minidist.arguments import refuse_renamed
+from minidist.buckets.launcher import mark_reduced
+from minidist.buckets.policy import ReducerPolicy
+from minidist.buckets.reducer import Reducer
 from minidist.ddp.comm_hooks import CommHook, default_state
 from minidist.ddp.join import Agreement, Join
 from minidist.ddp.mixed_precision import MixedPrecisionParams
-from minidist.ddp.reducer import Reducer
 from minidist.mesh import group_of
 from minidist.precision import MixedPrecisionPolicy, cast_floating
 from minidist.verify import verify_same_model
 
-REDUCED_MARK = "_minidist_ddp_reduced"
-"""Set on the parameters DDP reduces (minidist.zero.ShardedOptimizer refuses them: it reduces its own)."""
+RENAMED = {"device_mesh": "mesh= (a 1-D DeviceMesh, as every minidist engine and FSDP2 take it)",
+           "mixed_precision": "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) (FSDP2's name)"}
+"""Old argument names, refused in one line naming the new ones (minidist.arguments)."""
 
 
 class DDP(nn.Module):
     """Data parallelism: replicate `module`, average gradients with bucketed async all_reduce.
 
-    Arguments mirror torch.nn.parallel.DistributedDataParallel: the replicas are
-    `process_group`'s ranks or those of the 1-D `device_mesh` (neither = the world).
+    Arguments mirror torch.nn.parallel.DistributedDataParallel, with FSDP2's names for the
+    mesh and the policy: the replicas are `process_group`'s ranks or those of the 1-D
+    `mesh` (neither = the world).
     ``comm_hook`` (hook(state, bucket) -> Future[Tensor], see comm_hooks.py) is
     registered with the hook's default state (comm_hooks.default_state: the process
     group, or what the hook's declared factory builds, e.g. PowerSGDState) and
@@ -56,19 +62,21 @@ class DDP(nn.Module):
     the first included (as torch). ``find_unused_parameters=True`` tolerates
     parameters without a gradient at the price of one all_reduce of a 4-byte-per-
     parameter bitmap per synced backward (no graph walk; see reducer.py).
-    ``mixed_precision`` (minidist.precision.MixedPrecisionPolicy, torch DDP's argument
-    name): forward and backward in param_dtype on copies of the fp32 parameters, gradients
-    all_reduced in reduce_dtype (fp16: divided before and after the sum), fp32 gradients
-    for the optimizer (mixed_precision.py).
+    ``mp_policy`` (minidist.precision.MixedPrecisionPolicy, the argument every minidist
+    engine takes): forward and backward in param_dtype on copies of the fp32 parameters,
+    gradients all_reduced in reduce_dtype (fp16: divided before and after the sum), fp32
+    gradients for the optimizer (mixed_precision.py). The old names (device_mesh=,
+    mixed_precision=) are refused in one line naming these.
     """
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
-                 device_mesh: DeviceMesh | None = None, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
+                 mesh: DeviceMesh | None = None, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  gradient_as_bucket_view: bool = False, broadcast_buffers: bool = True,
-                 comm_hook: CommHook | None = None, mixed_precision: MixedPrecisionPolicy | None = None):
+                 comm_hook: CommHook | None = None, mp_policy: MixedPrecisionPolicy | None = None, **renamed):
+        refuse_renamed("DDP", renamed, RENAMED)
         super().__init__()
         self.module = module
-        self.process_group = process_group = group_of("DDP", process_group, device_mesh)
+        self.process_group = process_group = group_of("DDP", process_group, mesh)
         self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True
         """torch's name and meaning: read by each forward; False (no_sync) = its backward only accumulates."""
@@ -79,19 +87,18 @@ class DDP(nn.Module):
         verify_same_model(named, module.named_buffers(), process_group, "DDP")
         self._broadcast([p.detach() for _, p in named] + self._buffers_to_sync)
         trainable = [(n, p) for n, p in named if p.requires_grad]  # frozen ones are simply left out
-        for _, p in trainable:
-            setattr(p, REDUCED_MARK, True)  # a ShardedOptimizer over them would reduce them a second time
+        mark_reduced([p for _, p in trainable])  # a ShardedOptimizer over them would reduce them a second time
         if not trainable:
             raise ValueError("DDP: the module has no parameter that requires grad; there is nothing to reduce")
         policy = ReducerPolicy(bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view)
         self.mixed = None
-        """fp32 masters and their param_dtype copies (mixed_precision.py), when mixed_precision has a param_dtype."""
-        if mixed_precision is not None and (mixed_precision.param_dtype or mixed_precision.reduce_dtype):
+        """fp32 masters and their param_dtype copies (mixed_precision.py), when mp_policy sets a dtype."""
+        if mp_policy is not None and (mp_policy.param_dtype or mp_policy.reduce_dtype):
             if gradient_as_bucket_view:
                 raise ValueError("DDP: gradient_as_bucket_view needs gradients in the parameters' dtype; "
-                                 "it cannot be combined with mixed_precision")
+                                 "it cannot be combined with mp_policy")
             self.mixed = MixedPrecisionParams([p for _, p in trainable], MixedPrecisionPolicy(
-                mixed_precision.param_dtype or trainable[0][1].dtype, mixed_precision.reduce_dtype))
+                mp_policy.param_dtype or trainable[0][1].dtype, mp_policy.reduce_dtype))
         self.reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], policy, process_group,
                                self.mixed)
         if comm_hook is not None:
@@ -186,12 +193,6 @@ class DDP(nn.Module):
         self._broadcast([p.detach() for p in self.module.parameters()] + self._buffers_to_sync, source)
 
     def _broadcast(self, tensors: list[torch.Tensor], source: int = 0) -> None:
-        """Overwrite `tensors` with group rank `source`'s, all launched before any wait."""
-        if dist.get_world_size(self.process_group) == 1:
-            return
-        with torch.no_grad():
-            works = [comm.broadcast(t, group=self.process_group, group_src=source, async_op=True)
-                     for t in tensors]
-            for w in works:
-                w.wait()
+        """Overwrite `tensors` with group rank `source`'s (comm.broadcast_tensors)."""
+        comm.broadcast_tensors(tensors, group=self.process_group, group_src=source)
 

@@ -1,8 +1,8 @@
 """DDP with a compute dtype: fp32 master parameters, a bf16/fp16 copy for forward and backward.
 
-    model = DDP(net, mixed_precision=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    model = DDP(net, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
 
-torch's DistributedDataParallel(mixed_precision=...) design. The module's parameters stay
+torch's DistributedDataParallel(mixed_precision=...) design, under FSDP2's argument name. The module's parameters stay
 the fp32 masters the optimizer updates; each keeps a low-precision copy:
 
     forward     the masters are cast into the copies (one pass over psi), the parameters

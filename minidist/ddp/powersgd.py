@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
-from minidist.ddp.bucket import Bucket
+from minidist.buckets.bucket import Bucket
 from minidist.ddp.comm_hooks import allreduce_hook, state_factory
 
 

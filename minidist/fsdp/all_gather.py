@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
-from minidist.fsdp.layout import MeshInfo
+from minidist.fsdp.shard_spec import MeshInfo
 from minidist.fsdp.param import UnitShards, free_storage
 from minidist.fsdp.streams import Streams
 

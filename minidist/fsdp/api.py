@@ -1,24 +1,29 @@
-"""The public FSDP module: choose units, shard their parameters, pick a strategy.
+"""The public FSDP module: choose units, shard their parameters, with FSDP2's arguments.
 
-    model = FSDP(GPT(cfg), wrap={Block})
+    model = FSDP(GPT(cfg), wrap={Block})                       # ZeRO-3 over the world
+    model = FSDP(GPT(cfg), wrap={Block}, mesh=hybrid_mesh(topo, shard=8), reshard_after_forward=False)
     opt = torch.optim.AdamW(model.parameters())     # this rank's rows of every parameter
     loss = model(x, y)[1]; loss.backward(); opt.step()
 
-Every parameter is sharded on its own along dim 0 (FSDP2's layout, minidist.fsdp.layout):
+Every parameter is sharded on its own along dim 0 (FSDP2's arrangement, minidist.fsdp.shard_spec):
 the optimizer sees, under the original names, rank r's rows of each parameter with its
 trailing dimensions, and each carries its ShardSpec (`p.shard_spec`). A unit is still
 gathered by one all_gather and reduced by one reduce_scatter (minidist.fsdp.param).
 
-Strategies (N ranks, S bytes of the padded parameters; bytes sent per rank per step, ring model):
+What FSDP1 called sharding strategies are FSDP2's two arguments (N ranks, S bytes of the padded
+parameters; bytes sent per rank per step, ring model; the recipes keep FSDP1's names for them):
 
-    full_shard     ZeRO-3: params, grads, optimizer state sharded.     (3 S - S_root) (N-1)/N
-                   (S_root: the unit that ends forward, the root when it holds parameters,
-                   is not gathered again in backward)
-    shard_grad_op  ZeRO-2: params stay gathered from forward to         2 S (N-1)/N
-                   backward; grads and optimizer state sharded.
-    no_shard       every rank holds everything; all_reduce (= DDP).     2 S (N-1)/N
-    hybrid_shard   full_shard inside groups of G ranks, replicated across R = N/G groups:
-                   reduce_scatter in the shard group, all_reduce of the shard across replicas.
+    mesh 1-D, reshard_after_forward=True      full_shard: params, grads,          (3 S - S_root) (N-1)/N
+                                              optimizer state sharded (ZeRO-3)
+                                              (S_root: the unit that ends forward, the root when it
+                                              holds parameters, is not gathered again in backward)
+    mesh 1-D, reshard_after_forward=False     shard_grad_op: params stay gathered   2 S (N-1)/N
+                                              from forward to backward (ZeRO-2)
+    mesh (replicate R, shard G)               HSDP (hybrid_shard): full_shard inside groups of G ranks,
+                                              replicated across R = N/G: reduce_scatter in the shard
+                                              group, all_reduce of the shard across replicas
+    mesh (replicate N, shard 1)               no_shard: every rank holds everything;   2 S (N-1)/N
+                                              all_reduce (= DDP)
 
 Persistent memory per rank for fp32 AdamW (psi parameters): params 4 psi, grads 4 psi,
 Adam moments 8 psi; sharded, (4 + 4 + 8) psi / N (full_shard; up to the padding rows: a rank
@@ -29,7 +34,6 @@ whole only between forward and backward, so also 16 psi / N between steps).
 from __future__ import annotations
 
 import contextlib
-import enum
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -37,25 +41,32 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from minidist import comm
+from minidist import clip
+from minidist.arguments import refuse_renamed
 from minidist.fsdp import state_dict as _sd
-from minidist.fsdp.layout import CPUOffloadPolicy, resolve_mesh
 from minidist.fsdp.param import ParamInfo, UnitShards
-from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS, Schedule
+from minidist.fsdp.schedule import Schedule
+from minidist.fsdp.shard_spec import CPUOffloadPolicy, resolve_mesh
 from minidist.fsdp.streams import Streams
 from minidist.fsdp.unit import FSDPUnit, UnitPolicy
 from minidist.precision import MixedPrecisionPolicy
-from minidist.sharding import sharded_over
 from minidist.verify import verify_same_model
 
 WrapPolicy = Iterable[type[nn.Module]] | Callable[[nn.Module], bool] | None
 
-
-class ShardingStrategy(enum.Enum):
-    FULL_SHARD = "full_shard"
-    SHARD_GRAD_OP = "shard_grad_op"
-    NO_SHARD = "no_shard"
-    HYBRID_SHARD = "hybrid_shard"
+_PREFETCH = ("explicit prefetch: model.units[i].set_modules_to_forward_prefetch([...]) / "
+             "set_modules_to_backward_prefetch([...]) (FSDP2's; default: one unit ahead)")
+RENAMED = {
+    "sharding_strategy": "reshard_after_forward=True (full_shard) or False (shard_grad_op), and for hybrid "
+                         "sharding or no_shard a mesh with dimensions ('replicate', 'shard') (shard size 1: "
+                         "no_shard), as FSDP2",
+    "forward_prefetch": _PREFETCH, "backward_prefetch": _PREFETCH, "max_inflight_all_gathers": _PREFETCH,
+    "param_dtype": "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...)",
+    "reduce_dtype": "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...)",
+    "mixed_precision": "mp_policy=MixedPrecisionPolicy(...)",
+    "device_mesh": "mesh=",
+}
+"""FSDP1's argument names, refused in one line naming FSDP2's (minidist.arguments)."""
 
 
 def wrap_predicate(policy: WrapPolicy) -> Callable[[nn.Module], bool]:
@@ -134,17 +145,25 @@ class FSDP(nn.Module):
     module: the model, already on its compute device (the shards are views of buffers built
         here; under CPU offload it may stay on the CPU while the mesh is on the GPUs).
     mesh: a DeviceMesh (FSDP2's convention), read by dimension name (minidist.mesh). 1-D:
-        the ranks that shard the parameters (that replicate them, for no_shard). With
-        dimensions REPLICATE and SHARD: hybrid_shard, see minidist.mesh.hybrid_mesh. Other
-        dimensions (tensor parallelism) are not FSDP's. process_group: a plain group instead
-        of a 1-D mesh. Neither = the world.
+        the ranks that shard the parameters. With dimensions REPLICATE and SHARD: HSDP,
+        sharded within SHARD and replicated across REPLICATE (minidist.mesh.hybrid_mesh);
+        a SHARD of size 1 replicates everything (no_shard). Other dimensions (tensor
+        parallelism) are not FSDP's. process_group: a plain group instead of a 1-D mesh.
+        Neither = the world.
     wrap: module classes, or a predicate on a module, choosing the units; the parameters
         no unit claims form the root unit.
-    forward_prefetch / backward_prefetch / max_inflight_all_gathers: how far ahead the next
-        units' all_gathers are issued (see minidist.fsdp.schedule; one unit by default, as FSDP2).
-    param_dtype / reduce_dtype (or mp_policy): mixed precision, see MixedPrecisionPolicy;
-        gradients are reduced in reduce_dtype with fp16's pre/post division
-        (minidist.fsdp.reduce_scatter).
+    reshard_after_forward: FSDP2's. True frees each unit's unsharded parameters after its
+        forward and gathers them again in backward; False keeps them until its backward (one
+        all_gather per unit per step, the whole model's parameters alive at the end of
+        forward). Either way the unit whose forward ends last (the root) stays gathered, as
+        FSDP2 keeps its root's. An int (FSDP2: reshard to a smaller group) is refused: the
+        backward all_gather always spans the shard group.
+    Prefetch: each unit issues the next unit's all_gather as soon as its own parameters are
+        installed (one unit ahead, FSDP2's default); FSDPUnit.set_modules_to_forward_prefetch
+        / set_modules_to_backward_prefetch on `model.units` set explicit lists, and
+        prefetch_ahead() sets them by module order (minidist.fsdp.schedule).
+    mp_policy: mixed precision, see MixedPrecisionPolicy; gradients are reduced in
+        reduce_dtype with fp16's pre/post division (minidist.fsdp.reduce_scatter).
     offload_policy: CPUOffloadPolicy() keeps shards, gradients and optimizer state in host
         memory (FSDP2's option); the unit's all_gather input is copied to the compute device.
 
@@ -153,7 +172,10 @@ class FSDP(nn.Module):
     (rows, *trailing dims), `p.shard_spec` says which), which the optimizer updates. Wrap
     before building the optimizer; do not move the module afterwards.
 
-    Public layout: `units` (each unit's `shards`: its FSDPParams and buffers, and its
+    FSDP1's argument names (sharding_strategy, forward_prefetch, backward_prefetch,
+    max_inflight_all_gathers, param_dtype, reduce_dtype) are refused in one line naming these.
+
+    Public attributes: `units` (each unit's `shards`: its FSDPParams and buffers, and its
     states), `mesh_info` (groups, this rank's place in them, dimension names),
     `shard_group`, `compute_device`, `streams`. `require_backward_grad_sync` (torch DDP's
     name) is False inside no_sync(). Activation checkpointing (non-reentrant
@@ -163,35 +185,29 @@ class FSDP(nn.Module):
 
     def __init__(self, module: nn.Module, *, mesh: DeviceMesh | None = None,
                  process_group: dist.ProcessGroup | None = None, wrap: WrapPolicy = None,
-                 sharding_strategy: str | ShardingStrategy = "full_shard", forward_prefetch: bool = True,
-                 backward_prefetch: bool = True, max_inflight_all_gathers: int = DEFAULT_MAX_INFLIGHT_ALL_GATHERS,
-                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 mp_policy: MixedPrecisionPolicy | None = None, offload_policy: CPUOffloadPolicy | None = None):
+                 reshard_after_forward: bool | int = True, mp_policy: MixedPrecisionPolicy | None = None,
+                 offload_policy: CPUOffloadPolicy | None = None, **renamed):
+        refuse_renamed("FSDP", renamed, RENAMED)
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(f"FSDP: reshard_after_forward={reshard_after_forward!r}: True or False; an int "
+                             f"(FSDP2's reshard to a smaller group) is not supported by minidist.FSDP")
         super().__init__()
         self.module = module
-        self.sharding_strategy = strategy = ShardingStrategy(
-            sharding_strategy.value if isinstance(sharding_strategy, ShardingStrategy) else sharding_strategy)
-        if mp_policy is not None:
-            param_dtype = param_dtype or mp_policy.param_dtype
-            reduce_dtype = reduce_dtype or mp_policy.reduce_dtype
-        self.mp_policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
-        if max_inflight_all_gathers < 0:
-            raise ValueError(f"max_inflight_all_gathers must be >= 0, got {max_inflight_all_gathers}")
-        self.mesh_info = info = resolve_mesh(strategy is ShardingStrategy.HYBRID_SHARD,
-                                             strategy is not ShardingStrategy.NO_SHARD, mesh, process_group)
+        self.mp_policy = mp_policy or MixedPrecisionPolicy()
+        self.reshard_after_forward = reshard_after_forward
+        self.mesh_info = info = resolve_mesh(mesh, process_group)
         for group, world in ((info.shard_group, info.shard_world), (info.replicate_group, info.replicate_world)):
             if world > 1:  # different models would shard into different sizes: gloo aborts, NCCL hangs
                 verify_same_model(module.named_parameters(), module.named_buffers(), group, "FSDP")
-        policy = UnitPolicy(strategy is ShardingStrategy.FULL_SHARD or strategy is ShardingStrategy.HYBRID_SHARD,
-                            reduce_dtype)
+        policy = UnitPolicy(reshard_after_forward and info.shard_world > 1, self.mp_policy.reduce_dtype)
         self.offload_policy = offload_policy
         self.compute_device = device = _compute_device(module, mesh, offload_policy)
         _move_buffers(module, device)
         self.streams = Streams(device)
-        self._schedule: Schedule[FSDPUnit] = Schedule(forward_prefetch, backward_prefetch, max_inflight_all_gathers)
+        self._schedule: Schedule[FSDPUnit] = Schedule()
         self._units: list[FSDPUnit] = []
         for name, m, infos in build_units(module, wrap_predicate(wrap)):
-            shards = UnitShards(infos, info, device, param_dtype, offload_policy)
+            shards = UnitShards(infos, info, device, self.mp_policy.param_dtype, offload_policy)
             self._units.append(FSDPUnit(m, shards, info, policy, self._schedule, self.streams, name))
         self._schedule.units = self._units
 
@@ -234,42 +250,22 @@ class FSDP(nn.Module):
             self.require_backward_grad_sync = prev
 
     # -- gradient clipping ----------------------------------------------------------------------
-    @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Scale the sharded gradients so that the global gradient norm is at most max_norm.
+        """Scale the sharded gradients so that the global gradient norm is at most max_norm (minidist.clip).
 
         Each element of the model lives in exactly one shard of the shard group (padding
         rows are not part of any sharded parameter), so a sum over the shard group's local
-        sums counts every element once; replicas (hybrid, no_shard) hold copies and are not
-        summed again. Under CPU offload the norm travels to the compute device for the
-        all_reduce (NCCL reduces device memory) and the scaling happens where the grads are.
+        sums counts every element once; replicas (HSDP, no_shard) hold copies and are not
+        summed again. Parameters also split over another dimension (tensor parallelism) are
+        refused in one line: minidist.train.parallelize.clip_grad_norm_ sums over every
+        dimension. Under CPU offload the norm travels to the compute device for the
+        all_reduce and the scaling happens where the grads are.
         """
-        elsewhere = {d for u in self._units for fp in u.shards.params for d in sharded_over(fp.sharded)}
-        elsewhere -= {self.mesh_info.shard_dim}
-        if elsewhere:  # e.g. tensor-parallel slices: their squared norms must be summed over "tp" too
-            raise ValueError(f"FSDP.clip_grad_norm_ sums over its shard group only, but some parameters are also "
-                             f"split over {sorted(elsewhere)}: use minidist.train.parallelize.clip_grad_norm_")
-        grads = [fp.sharded.grad for u in self._units for fp in u.shards.params
-                 if fp.sharded.grad is not None and fp.sharded.grad.numel()]
-        norm_type = float(norm_type)
-        storage = self._units[0].shards.storage_device if self._units else self.compute_device
-        norms = torch._foreach_norm(grads, norm_type) if grads else []
-        if norm_type == float("inf"):
-            total = torch.stack(norms).max().float() if norms else torch.zeros((), device=storage)
-            op = comm.ReduceOp.MAX
-        else:
-            total = torch.stack(norms).float().pow(norm_type).sum() if norms else torch.zeros((), device=storage)
-            op = comm.ReduceOp.SUM
-        if self.mesh_info.shard_world > 1:
-            total = total.to(self.compute_device)
-            comm.all_reduce(total, op, group=self.mesh_info.shard_group)
-            total = total.to(storage)
-        if norm_type != float("inf"):
-            total = total ** (1.0 / norm_type)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if grads:
-            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
-        return total
+        info = self.mesh_info
+        groups = clip.NamedGroups({info.shard_dim: info.shard_group} if info.shard_dim else {},
+                                  "FSDP.clip_grad_norm_", "minidist.train.parallelize.clip_grad_norm_")
+        pieces = [(fp.sharded, fp.sharded.grad) for u in self._units for fp in u.shards.params]
+        return clip.clip_grad_norm_(pieces, max_norm, groups, device=self.compute_device, norm_type=norm_type)
 
     # -- state dicts (minidist.fsdp.state_dict) -------------------------------------------------
     def full_state_dict(self, rank0_only: bool = True, cpu_offload: bool = True) -> dict[str, torch.Tensor]:

@@ -3,13 +3,13 @@
     held(layout, strategy, world, ...)    from sizes and settings: list[Held]
     live(model)                           the units' tensors that exist now, read only
 
-Per unit u, each parameter of R rows and C elements per row is split as layout.py says:
+Per unit u, each parameter of R rows and C elements per row is split as shard_spec.py says:
 c = ceil(R / n) rows per rank (n = the shard group), so this rank's padded shard is
 S_u = sum of c C over the unit's parameters, and the unit unsharded is P_u = n S_u (param.py):
 
     local        S_u, master dtype     always ("parameters"); the sharded parameters are views of
                                        it, the optimizer's state is shaped like their rows
-    all_gather   P_u, param_dtype      from the gather's start (prefetch: up to max_inflight units
+    all_gather   P_u, param_dtype      from the gather's start (prefetch: up to `prefetch` units
       output                           ahead of use) to its copy-out (all_gather.py)
     full         P_u, param_dtype      from the copy-out to reshard: full_shard frees it after
                                        forward (except the unit that ends the forward, the root)
@@ -22,8 +22,8 @@ S_u = sum of c C over the unit's parameters, and the unit unsharded is P_u = n S
                                        (views) until zero_grad ("gradients")
 
 A prefetched unit holds its all_gather output where a running one holds `full`: the same
-bytes, so each instant counts P_u per unit gathered or gathering (prefetch depth max_inflight,
-forward and backward). At a unit's post_backward its `full` is freed first, then the previous
+bytes, so each instant counts P_u per unit gathered or gathering (`prefetch` units ahead,
+forward and backward: the default schedule's one, or prefetch_ahead's lists). At a unit's post_backward its `full` is freed first, then the previous
 unit's reduce_scatter is waited on (its input freed), then the input is filled from the unit's
 unsharded gradients (alive together for that moment), which are then dropped. no_shard gathers
 nothing: the whole gradient is all-reduced and kept as the gradient.
@@ -69,8 +69,7 @@ def _gathered(strategy: str, at: At, last: int, m_fwd: int, m_bwd: int) -> tuple
 
 
 def held(layout: ModelLayout, strategy: str, world: int, *, shard_size: int | None = None,
-         optimizer: OptimizerModel = OptimizerModel(), max_inflight_all_gathers: int = 1,
-         forward_prefetch: bool = True, backward_prefetch: bool = True, backend: str = "gloo",
+         optimizer: OptimizerModel = OptimizerModel(), prefetch: int = 1, backend: str = "gloo",
          device_type: str = "cpu", param_itemsize: int | None = None,
          reduce_itemsize: int | None = None) -> list[Held]:
     """FSDP's holdings at every instant (module docstring), on rank 0.
@@ -88,7 +87,7 @@ def held(layout: ModelLayout, strategy: str, world: int, *, shard_size: int | No
     aliased = n == 1 and p == m  # `full` is `local` itself: nothing gathered
     full = [0 if aliased else n * s * p for s in local]
     reduce_in = [n * s * r if n > 1 else 0 for s in local]  # no_shard: the input is the gradient itself
-    m_ahead = (max_inflight_all_gathers if forward_prefetch else 0, max_inflight_all_gathers if backward_prefetch else 0)
+    m_ahead = (prefetch, prefetch)
     base = {"parameters": sum(local) * m, "optimizer": optimizer.state_bytes([x for ps in pieces for x in ps], m),
             "other": 0}
     clone = n > 1 and backend == "gloo" and algorithm_for(backend, device_type) == "native"

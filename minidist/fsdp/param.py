@@ -1,6 +1,6 @@
 """A unit's parameters, each sharded on its own along dim 0, and the unit's two buffers.
 
-Each parameter is split by rows as minidist.fsdp.layout describes (c = ceil(R / N) rows per
+Each parameter is split by rows as minidist.fsdp.shard_spec describes (c = ceil(R / N) rows per
 rank, zero-padded). For one unit of parameters p0, p1, ... (S_local = the sum of their padded
 shards' elements, c C each) a rank keeps:
 
@@ -44,7 +44,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import Shard
 
-from minidist.fsdp.layout import CPUOffloadPolicy, MeshInfo, ShardSpec, placements_for
+from minidist.fsdp.shard_spec import CPUOffloadPolicy, MeshInfo, ShardSpec, placements_for
 from minidist.sharding import Split, declare, sharded_over
 
 

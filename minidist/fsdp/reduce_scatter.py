@@ -32,7 +32,7 @@ import enum
 import torch
 
 from minidist import comm
-from minidist.fsdp.layout import MeshInfo
+from minidist.fsdp.shard_spec import MeshInfo
 from minidist.fsdp.param import UnitShards, free_storage
 from minidist.fsdp.streams import Streams
 from minidist.precision import divide_factors

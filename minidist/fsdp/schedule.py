@@ -1,4 +1,4 @@
-"""What the units of one FSDP model share: their order, the prefetch queue, the sync flag.
+"""What the units of one FSDP model share: their order, the prefetch lists and queue, the sync flag.
 
 Passive data that the units consult and update; it calls nothing on a unit (and
 does not import minidist.fsdp.unit, so units appear here as an opaque type U).
@@ -9,14 +9,17 @@ backward visits layers last-to-first. A unit that runs next in that order can be
 prefetched: its all_gather is issued while the current unit computes, so the
 communication hides behind compute.
 
-Prefetch caps memory: at most `max_inflight` units are gathered ahead of use (a unit
-being gathered holds its all_gather output, S_unit), so peak parameter memory is
-(units in use + max_inflight) units plus 1/N of everything else; a copy-out briefly
-holds a unit's output and its unsharded parameters together. The default,
-DEFAULT_MAX_INFLIGHT_ALL_GATHERS = 1, is FSDP2's: one unit ahead hides a unit's
-all_gather whenever a unit computes at least as long as it gathers, and each further
-one adds S_unit to the peak (benchmarks/fsdp_vs_torch.py --mode memory measures the
-default against FSDP2's).
+Prefetch, as FSDP2 does it. By default (implicit prefetch) each unit gathers the next
+unit in the recorded order, at most DEFAULT_PREFETCH = 1 unit ahead of use: one unit ahead
+hides a unit's all_gather whenever a unit computes at least as long as it gathers. A unit
+being gathered holds its all_gather output, S_unit, so peak parameter memory is (units in
+use + 1) units plus 1/N of everything else; a copy-out briefly holds a unit's output and
+its unsharded parameters together (benchmarks/fsdp_vs_torch.py --mode memory measures the
+default against FSDP2's). Explicit prefetch replaces the default for a unit:
+FSDPUnit.set_modules_to_forward_prefetch([...]) / set_modules_to_backward_prefetch([...])
+(FSDP2's names) list the units whose all_gathers that unit issues as soon as its own
+parameters are installed; every listed unit adds S_unit to the peak while it waits for
+its turn, and an empty list turns prefetch off for that unit.
 
 End of forward. The post_forward that ends the forward pass (counted on the first
 forward: the same number of post_forwards ends every later one) belongs to the unit
@@ -36,17 +39,16 @@ from minidist.fsdp.reduce_scatter import GradReduction
 
 U = TypeVar("U")
 
-DEFAULT_MAX_INFLIGHT_ALL_GATHERS = 1
-"""Units gathered ahead of use by default (FSDP(max_inflight_all_gathers=), the recipes' strategy)."""
+DEFAULT_PREFETCH = 1
+"""Units the implicit prefetch gathers ahead of use, forward and backward (FSDP2's: the next one)."""
 
 
 class Schedule(Generic[U]):
-    """The order of one model's units, its prefetch queue, and per-backward flags."""
+    """The order of one model's units, their prefetch lists and queue, and per-backward flags."""
 
-    def __init__(self, forward_prefetch: bool, backward_prefetch: bool, max_inflight: int):
+    def __init__(self):
         self.units: list[U] = []                  # every unit, module order, root first
-        self.forward_prefetch, self.backward_prefetch = forward_prefetch, backward_prefetch
-        self.max_inflight = max_inflight
+        self.explicit: dict[tuple[U, bool], list[U]] = {}  # (unit, backward) -> units it prefetches
         self.forward_order: list[U] = []          # first pre_forward of each unit, first step
         self.post_forward_order: list[U] = []     # reversed: the order backward meets them
         self.post_forwards = 0                    # post_forwards so far in this forward pass
@@ -85,15 +87,26 @@ class Schedule(Generic[U]):
         self.recording = False
 
     # -- prefetch -------------------------------------------------------------------------------
+    def set_prefetch(self, unit: U, units: list[U], backward: bool) -> None:
+        """Explicit prefetch: `unit` gathers `units` ahead of use in this direction (FSDP2's lists)."""
+        assert unit in self.units and all(u in self.units and u is not unit for u in units), \
+            "prefetch lists name other units of the same FSDP model"
+        self.explicit[(unit, backward)] = list(units)
+
+    def explicit_prefetch(self, unit: U, backward: bool) -> list[U] | None:
+        """The units `unit` was told to prefetch in this direction; None: the implicit default."""
+        return self.explicit.get((unit, backward))
+
     def upcoming(self, unit: U, backward: bool) -> list[U]:
-        """The units that run after `unit` in this pass; [] if this direction does not prefetch."""
-        if self.recording or not (self.backward_prefetch if backward else self.forward_prefetch):
+        """Implicit prefetch: the units that run after `unit` in this pass (recorded order); [] while recording."""
+        if self.recording:
             return []
         order = self.post_forward_order[::-1] if backward else self.forward_order
         return order[order.index(unit) + 1:] if unit in order else []
 
     def prefetch_slot_free(self) -> bool:
-        return len(self.prefetched) < self.max_inflight
+        """Implicit prefetch stays within DEFAULT_PREFETCH units gathered ahead of use."""
+        return len(self.prefetched) < DEFAULT_PREFETCH
 
     def became_current(self, unit: U) -> None:
         """`unit` is used now: it no longer counts against the prefetch budget."""
@@ -116,3 +129,21 @@ class Schedule(Generic[U]):
         self.reducing.clear()
         self.end_of_backward_queued = False
         self.recording = False
+
+
+def prefetch_ahead(units: list, forward: int = DEFAULT_PREFETCH, backward: int = DEFAULT_PREFETCH) -> None:
+    """Explicit prefetch lists by module order, as torchtitan sets FSDP2's (`units`: FSDP.units, root first).
+
+    In forward the root gathers the first `forward` blocks and each block the next `forward`;
+    in backward the root gathers the last `backward` blocks and each block the `backward`
+    before it. 0 turns prefetch off. For a model whose blocks run in module order, 1 is the
+    default schedule written out; k > 1 holds k unsharded units ahead of use.
+    """
+    if forward < 0 or backward < 0:
+        raise ValueError(f"prefetch_ahead: forward={forward}, backward={backward}: units ahead, 0 or more")
+    root, blocks = units[0], list(units[1:])
+    root.set_modules_to_forward_prefetch(blocks[:forward])
+    root.set_modules_to_backward_prefetch(blocks[::-1][:backward])
+    for i, unit in enumerate(blocks):
+        unit.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + forward])
+        unit.set_modules_to_backward_prefetch(blocks[:i][::-1][:backward])

@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from minidist import comm
-from minidist.fsdp.layout import MeshInfo
+from minidist.fsdp.shard_spec import MeshInfo
 from minidist.fsdp.param import FSDPParam, UnitShards
 from minidist.fsdp.unit import FSDPUnit, ShardedState
 
@@ -104,10 +104,10 @@ def full_state_dict(model: ShardedModel, *, rank0_only: bool = True, cpu_offload
 def _broadcast_from_first(model: ShardedModel, t: torch.Tensor) -> None:
     """Copy `t` from the mesh's first rank to all its ranks (hybrid: across replicas, then shards)."""
     m = model.mesh_info
-    if m.replicate_world > 1 and m.shard_rank == 0:
-        comm.broadcast(t, group=m.replicate_group, group_src=0)
+    if m.replicate_world > 1 and m.shard_rank == 0:  # a group of None is the world: test the sizes
+        comm.broadcast_tensors([t], group=m.replicate_group)
     if m.shard_world > 1:
-        comm.broadcast(t, group=m.shard_group, group_src=0)
+        comm.broadcast_tensors([t], group=m.shard_group)
 
 
 def _my_rows(fp: FSDPParam, whole: torch.Tensor) -> torch.Tensor:

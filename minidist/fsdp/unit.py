@@ -16,10 +16,12 @@ Per training step, one unit goes (minidist.fsdp.all_gather, minidist.fsdp.reduce
 
     pre_forward    unshard: start_all_gather (copy-in, all_gather; or take the prefetched
                    one), wait (copy-out into `full`, allocated then), install the
-                   unsharded params; prefetch the next unit(s) in forward order
-                   (schedule.upcoming)
+                   unsharded params; prefetch: the units set with
+                   set_modules_to_forward_prefetch, else the next unit in forward
+                   order (schedule.py)
     compute        the module's forward, on the unsharded params
-    post_forward   full_shard: reshard (install the shards, free `full`). Why: activations
+    post_forward   reshard_after_forward=True (full_shard): reshard (install the shards,
+                   free `full`). Why: activations
                    are what must stay until backward; keeping every layer's parameters
                    too would make peak memory the full model again. The price is a
                    second all_gather in backward. Except the unit whose post_forward
@@ -29,8 +31,9 @@ Per training step, one unit goes (minidist.fsdp.all_gather, minidist.fsdp.reduce
                    (backward would re-gather it before anything else). Register
                    pre_backward on the outputs' gradients.
     pre_backward   (the gradient of an output arrives) unshard again where it was freed;
-                   prefetch the unit backward reaches next: the reverse of the forward
-                   order, because backward visits layers last-to-first
+                   prefetch the units set with set_modules_to_backward_prefetch, else the
+                   unit backward reaches next: the reverse of the forward order, because
+                   backward visits layers last-to-first
     post_backward  (every trainable unsharded param's gradient is accumulated: counted
                    with post-accumulate-grad hooks, which fire once per backward even for
                    a unit called twice or recomputed) reshard first, then finish the
@@ -70,7 +73,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves  # as FSDP2 walks a module's outputs
 
 from minidist.fsdp.all_gather import AllGather, start_all_gather
-from minidist.fsdp.layout import MeshInfo
+from minidist.fsdp.shard_spec import MeshInfo
 from minidist.fsdp.param import UnitShards
 from minidist.fsdp.reduce_scatter import GradReduction, ReductionStage, start_reduction
 from minidist.fsdp.schedule import Schedule
@@ -106,7 +109,8 @@ class UnitPolicy:
     """What a unit does beyond the mesh; the same for every unit of one FSDP model."""
 
     reshard_after_forward: bool
-    """full_shard: True; shard_grad_op, no_shard: False."""
+    """FSDP2's: True frees the unsharded parameters after forward (full_shard), False keeps them
+    until the unit's backward (shard_grad_op; no_shard, which gathers nothing)."""
     reduce_dtype: torch.dtype | None
     """dtype of the gradient reduction; None = the unsharded gradients' dtype."""
 
@@ -190,10 +194,22 @@ class FSDPUnit:
                 self.shards.free_full()  # on the compute stream: its last readers are queued there
                 self.schedule.note_free()
 
+    def set_modules_to_forward_prefetch(self, units: list["FSDPUnit"]) -> None:
+        """FSDP2's explicit prefetch: in forward, as soon as this unit's parameters are installed, start
+        the all_gathers of `units` (other units of this model; [] = none). Replaces the default, the
+        next unit in forward order; each listed unit adds its unsharded size to the peak meanwhile."""
+        self.schedule.set_prefetch(self, units, backward=False)
+
+    def set_modules_to_backward_prefetch(self, units: list["FSDPUnit"]) -> None:
+        """FSDP2's explicit prefetch in backward: when this unit's backward starts, start the
+        all_gathers of `units` ([] = none). Replaces the default, the unit backward reaches next."""
+        self.schedule.set_prefetch(self, units, backward=True)
+
     def _prefetch(self, backward: bool) -> None:
-        """Start the all_gathers of the units that run after this one, within the prefetch budget."""
-        for nxt in self.schedule.upcoming(self, backward):
-            if not self.schedule.prefetch_slot_free():
+        """Start the all_gathers of the units this one prefetches: its explicit list, else the next one."""
+        explicit = self.schedule.explicit_prefetch(self, backward)
+        for nxt in self.schedule.upcoming(self, backward) if explicit is None else explicit:
+            if explicit is None and not self.schedule.prefetch_slot_free():
                 break
             if nxt.sharded_state is ShardedState.SHARDED:
                 nxt._start_unshard()

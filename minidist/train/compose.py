@@ -170,8 +170,8 @@ def _check_strategy(st, world_size: int | None, local_world_size: int | None) ->
     if st.get("bucket_cap_mb") is not None and st.bucket_cap_mb <= 0:
         raise ConfigError(f"strategy.bucket_cap_mb={st.bucket_cap_mb} must be > 0, or null for torch's "
                           f"default (25 MiB after a 1 MiB first bucket)")
-    if st.get("max_inflight_all_gathers") is not None and st.max_inflight_all_gathers < 0:
-        raise ConfigError(f"strategy.max_inflight_all_gathers={st.max_inflight_all_gathers} must be >= 0")
+    if st.get("prefetch") is not None and st.prefetch < 0:
+        raise ConfigError(f"strategy.prefetch={st.prefetch} must be >= 0 (units gathered ahead; 0 = none)")
     if world_size is None:
         return
     if st.name == "hybrid_shard" and st.get("tp_size", 1) == 1:  # this line also explains null (per node)

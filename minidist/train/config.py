@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import MISSING
 
-from minidist.fsdp.schedule import DEFAULT_MAX_INFLIGHT_ALL_GATHERS
+from minidist.fsdp.schedule import DEFAULT_PREFETCH
 from minidist.models.gpt import GPTConfig
 from minidist.runtime import BACKENDS
 
@@ -127,18 +127,17 @@ class ZeroStrategy(DataParallelStrategy):
 
 @dataclass
 class FSDPStrategy(DataParallelStrategy):
-    """minidist.FSDP: parameters, gradients (and optimizer state) sharded over ranks."""
+    """minidist.FSDP: parameters, gradients (and optimizer state) sharded over ranks. The strategy's name
+    sets FSDP2's arguments (minidist.train.parallelize): reshard_after_forward, and the 2-D mesh of
+    hybrid_shard and no_shard."""
 
     name: str = "full_shard"
     """Sharding strategy: full_shard, shard_grad_op, no_shard or hybrid_shard (set by the preset)."""
     wrap_blocks: bool = True
     """Make every repeated block of the model (GPT Block, ResNet BasicBlock) its own FSDP unit."""
-    forward_prefetch: bool = True
-    """Issue the next unit's all_gather before this unit's forward finishes."""
-    backward_prefetch: bool = True
-    """Issue the previous unit's all_gather before this unit's backward finishes."""
-    max_inflight_all_gathers: int = DEFAULT_MAX_INFLIGHT_ALL_GATHERS
-    """Units all-gathered ahead of use (minidist.fsdp's default: one, as FSDP2)."""
+    prefetch: int = DEFAULT_PREFETCH
+    """Units each unit all-gathers ahead of use, in forward and in backward (FSDP2's explicit prefetch,
+    set by module order: minidist.fsdp.prefetch_ahead); 1 = FSDP2's default, 0 = none."""
     param_dtype: Optional[DType] = None
     """Dtype parameters are all-gathered and computed in (null = their own)."""
     reduce_dtype: Optional[DType] = None

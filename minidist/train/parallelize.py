@@ -16,8 +16,12 @@ handed the sub-mesh it works over, by name (minidist.mesh):
     zero1_broadcast "dp" = N replicas               -                          ShardedOptimizer(owner_broadcast=True)
     full_shard,
     shard_grad_op  "dp" = N shards                  FSDP over "dp"             plain (over the shards)
-    no_shard       "dp" = N replicas                FSDP over "dp"             plain
+    no_shard       ("replicate", "shard" = 1)       FSDP over both             plain
     hybrid_shard   ("replicate", "shard")           FSDP over both             plain (over the shards)
+
+The FSDP strategies are FSDP2's arguments (FSDP_STRATEGIES): full_shard and hybrid_shard
+reshard after forward, shard_grad_op and no_shard do not; hybrid_shard and no_shard (a shard
+dimension of one rank) get the 2-D mesh.
 
 strategy.tp_size = T > 1 adds a "tp" dimension (innermost: its ranks are consecutive) to any
 of them, and N / T data-parallel ranks remain. The model step then starts with tensor
@@ -32,8 +36,8 @@ if it shards state, a state-dict method on its engine: the training loop and the
 checkpoints ask the wrapped objects what they offer (`no_sync`, `full_state_dict`,
 `sharded_state_dict`), never which strategy is running. What is split over which
 dimension is declared on the parameters themselves (minidist.sharding: TP's slices
-over "tp", FSDP's shards over its dimension), so that clipping and whole-model
-checkpoints work for any composition (minidist.train.placement).
+over "tp", FSDP's shards over its dimension), so that clipping (minidist.clip) and
+whole-model checkpoints (minidist.train.placement) work for any composition.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ import torch
 import torch.nn as nn
 
 import minidist
-from minidist.fsdp import ShardingStrategy
+from minidist import clip
+from minidist.fsdp import prefetch_ahead
+from minidist.fsdp.schedule import DEFAULT_PREFETCH
 from minidist.mesh import DP, REPLICATE, SHARD, TP, Layout, ParallelDims
 from minidist.models.gpt import GPT
 from minidist.precision import MixedPrecisionPolicy
@@ -55,8 +61,10 @@ from minidist.runtime import Topology
 from minidist.tp import parallelize_gpt
 from minidist.train import placement
 
-FSDP_STRATEGIES = tuple(s.value for s in ShardingStrategy)
-"""Strategies that are minidist.FSDP's sharding_strategy values."""
+FSDP_STRATEGIES = {"full_shard": True, "shard_grad_op": False, "no_shard": False, "hybrid_shard": True}
+"""The FSDP strategies (FSDP1's names, the recipes' choice) -> FSDP2's reshard_after_forward."""
+FSDP_2D = ("hybrid_shard", "no_shard")
+"""FSDP strategies over the 2-D ("replicate", "shard") mesh: HSDP, and no_shard as a shard of one rank."""
 DDP_STRATEGIES = ("ddp",)
 ZERO_STRATEGIES = ("zero1", "zero2", "zero1_broadcast")
 """Strategies whose optimizer is minidist.ShardedOptimizer (the model is not wrapped)."""
@@ -82,8 +90,10 @@ def layout_dims(strategy_cfg, world: int, local_world: int | None = None) -> Par
         if shard is None:  # one shard group per node: all_gather/reduce_scatter on the fast links
             shard = max(1, (local_world or world) // max(tp, 1))
         return ParallelDims.infer(world, tp=tp, shard=shard, hybrid=True, settings=SETTINGS)
+    if name == "no_shard":  # FSDP2's replication: HSDP with a shard of one rank
+        return ParallelDims.infer(world, tp=tp, shard=1, hybrid=True, settings=SETTINGS)
     # FSDP's full_shard and shard_grad_op split the parameters over every data-parallel rank
-    sharded = name in (ShardingStrategy.FULL_SHARD.value, ShardingStrategy.SHARD_GRAD_OP.value)
+    sharded = name in ("full_shard", "shard_grad_op")
     return ParallelDims.infer(world, tp=tp, shard=-1 if sharded else 1, settings=SETTINGS)
 
 
@@ -94,8 +104,7 @@ def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tup
     if layout.size(TP) > 1:  # the layers first, then data parallelism over what remains
         model = _apply_tp(model, layout[TP], strategy_cfg)
     if name in FSDP_STRATEGIES:
-        hybrid = name == ShardingStrategy.HYBRID_SHARD.value
-        return _apply_fsdp(model, layout[(REPLICATE, SHARD)] if hybrid else layout[DP], strategy_cfg,
+        return _apply_fsdp(model, layout[(REPLICATE, SHARD)] if name in FSDP_2D else layout[DP], strategy_cfg,
                            block_types, policy)
     if name in DDP_STRATEGIES:
         return _apply_ddp(model, layout[DP], strategy_cfg, policy)
@@ -111,22 +120,22 @@ def _apply_tp(model: nn.Module, mesh, cfg) -> nn.Module:
 
 
 def _apply_ddp(model: nn.Module, mesh, cfg, policy: MixedPrecisionPolicy | None) -> nn.Module:
-    return minidist.DDP(model, device_mesh=mesh, bucket_cap_mb=cfg.bucket_cap_mb,
+    return minidist.DDP(model, mesh=mesh, bucket_cap_mb=cfg.bucket_cap_mb,
                         find_unused_parameters=cfg.find_unused_parameters,
                         gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                         broadcast_buffers=cfg.broadcast_buffers, comm_hook=_comm_hook(cfg.comm_hook),
-                        mixed_precision=policy)
+                        mp_policy=policy)
 
 
 def _apply_fsdp(model: nn.Module, mesh, cfg, block_types: tuple[type, ...],
                 policy: MixedPrecisionPolicy | None) -> nn.Module:
     policy = policy or MixedPrecisionPolicy(cfg.param_dtype.torch_dtype if cfg.param_dtype else None,
                                             cfg.reduce_dtype.torch_dtype if cfg.reduce_dtype else None)
-    return minidist.FSDP(model, mesh=mesh, wrap=set(block_types) if cfg.wrap_blocks else None,
-                         sharding_strategy=cfg.name, forward_prefetch=cfg.forward_prefetch,
-                         backward_prefetch=cfg.backward_prefetch,
-                         max_inflight_all_gathers=cfg.max_inflight_all_gathers,
-                         param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
+    model = minidist.FSDP(model, mesh=mesh, wrap=set(block_types) if cfg.wrap_blocks else None,
+                          reshard_after_forward=FSDP_STRATEGIES[cfg.name], mp_policy=policy)
+    if cfg.prefetch != DEFAULT_PREFETCH:  # else FSDP2's default: the next unit in the recorded order
+        prefetch_ahead(model.units, cfg.prefetch, cfg.prefetch)
+    return model
 
 
 def precision_policy(trainer_cfg, strategy_cfg) -> MixedPrecisionPolicy | None:
@@ -194,31 +203,20 @@ def no_sync(model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, optimizer: torch.optim.Optimizer | None = None,
                     norm_type: float = 2.0) -> torch.Tensor:
-    """Clip the global gradient norm; returns it as a tensor (reading it is a host sync: log steps only).
+    """Clip the global gradient norm (minidist.clip); returns it as a tensor (reading it is a host sync).
 
-    The norm of the whole model's gradient whatever is split where: each parameter's
-    squared norm summed over the dimensions it declares (FSDP's shards over "dp" or
-    "shard", a tensor-parallel slice over "tp"), replicated ones counted once
-    (minidist.train.placement.global_norm). Then every gradient is scaled by
-    min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ does.
-    ZeRO keeps the averaged gradients in its optimizer's partitions (p.grad is None
-    after backward): there the pieces it holds are grouped by their parameter's
-    declaration, plus "dp" (each element lives on one data-parallel rank).
+    The pieces are the model's parameters and their .grad, each parameter's norm summed over
+    the dimensions it declares; ZeRO keeps the averaged gradients in its optimizer's shards
+    (p.grad is None after backward): there the pieces it holds, plus "dp" (each element
+    lives on one data-parallel rank).
     """
     if hasattr(optimizer, "grad_pieces"):
         pieces, split_over_dp = optimizer.grad_pieces()
-        also = (DP,) if split_over_dp else ()
-        groups = {placement.dims_of(p, also): [] for p in optimizer.parameters_in_order}  # the same on every rank
-        for p, g in pieces:
-            groups[placement.dims_of(p, also)].append(g)
-        total = placement.global_norm(groups, layout, norm_type)
-        if pieces:  # views of the partitions' fp32 gradients: scaling them scales the step
-            torch._foreach_mul_([g for _, g in pieces], torch.clamp(max_norm / (total + 1e-6), max=1.0))
-        return total
-    params = list(model.parameters())
-    total = placement.global_norm(params, layout, norm_type)
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return total
+        every = [(p, None) for p in optimizer.parameters_in_order] + pieces  # the same groups on every rank
+        return clip.clip_grad_norm_(every, max_norm, layout, device=layout.device, norm_type=norm_type,
+                                    also=(DP,) if split_over_dp else ())
+    pieces = [(p, p.grad) for p in model.parameters()]
+    return clip.clip_grad_norm_(pieces, max_norm, layout, device=layout.device, norm_type=norm_type)
 
 
 def full_state_dict(model: nn.Module, layout: Layout) -> dict:

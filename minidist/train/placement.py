@@ -1,20 +1,16 @@
-"""What follows from a parameter being split over a mesh dimension: its norm and its whole value.
+"""What follows from a parameter being split over a mesh dimension: its whole value.
 
 A parameter split over a dimension says so (minidist.sharding: a tensor-parallel layer
 over "tp", FSDP's shards over "dp" or "shard"); a parameter that says nothing is whole on
-every rank. Two consequences, each a function here:
+every rank. The consequence for the gradient norm is minidist.clip's (each parameter's
+squared norm summed over the dimensions that split it); the one here:
 
-    global_norm(params, layout)     the norm of the full model's gradient: each parameter's
-                                    squared norm summed over the dimensions that split it and
-                                    nowhere else (a replicated gradient counts once)
     gather_whole / local_slice      a whole tensor from the slices along "tp" (for a checkpoint
                                     or the final model), and this rank's slice of a whole one,
                                     q | k | v blocks included (minidist.sharding.join / cut)
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
@@ -33,45 +29,6 @@ def splits(module: nn.Module, dim: str) -> dict[str, Split]:
         if split is not None and split.dim is not None:
             out[n] = split
     return out
-
-
-# ------------------------------------------------------------------------------- norms
-def dims_of(param: torch.Tensor, also: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The mesh dimensions that split `param` (and `also`), sorted: the key of its group for a norm."""
-    return tuple(sorted(set(sharded_over(param)) | set(also)))
-
-
-def grads_by_dims(params: list[torch.Tensor]) -> dict[tuple[str, ...], list[torch.Tensor]]:
-    """{the dimensions that split a parameter: the gradients of those parameters}, a key for every
-    parameter given, gradient or not, so that every rank forms the same groups (and collectives)."""
-    groups: dict[tuple[str, ...], list[torch.Tensor]] = {}
-    for p in params:
-        grads = groups.setdefault(dims_of(p), [])
-        if p.grad is not None:
-            grads.append(p.grad)
-    return groups
-
-
-@torch.no_grad()
-def global_norm(params: list[torch.Tensor] | dict[tuple[str, ...], list[torch.Tensor]], layout: Layout,
-                norm_type: float = 2.0) -> torch.Tensor:
-    """The norm of the whole model's gradient from this rank's gradients, the same on every rank.
-
-    `params`: the parameters (their .grad), or gradients already grouped by the dimensions that
-    split them (grads_by_dims; ZeRO's partitions add "dp"). A group's local sum of |g|^p is
-    summed over those dimensions only (max for the inf-norm), so each element of the full
-    gradient is counted once: a slice is added to the other slices, a replica is not added to
-    its copies. Cost: one scalar all_reduce per group and dimension.
-    """
-    groups = params if isinstance(params, dict) else grads_by_dims(params)
-    inf = math.isinf(norm_type)
-    total = torch.zeros((), dtype=torch.float32, device=layout.device)  # gradients may live elsewhere (CPU offload)
-    for dims in sorted(groups):
-        part = torch.nn.utils.get_total_norm(groups[dims], norm_type).to(total.device, torch.float32)
-        part = part if inf else part ** norm_type
-        layout.all_reduce(part, dims, comm.ReduceOp.MAX if inf else comm.ReduceOp.SUM)
-        total = torch.maximum(total, part) if inf else total + part
-    return total if inf else total ** (1.0 / norm_type)
 
 
 # ----------------------------------------------------------------------- whole <-> slices

@@ -1,7 +1,7 @@
-"""After step(): every rank's updated partition into every rank's parameters, one all_gather per bucket.
+"""After step(): every rank's updated shard into every rank's parameters, one all_gather per bucket.
 
-Each rank updated only its slice of each bucket; the all_gather's input is that
-slice and its output the bucket's whole flat parameter buffer, of which the
+Each rank updated only its shard of each bucket; the all_gather's input is that
+shard and its output the bucket's whole flat parameter buffer, of which the
 model's parameters are views (bucket.py): the updated values land in the
 parameters themselves, with no staging copy. S (N-1)/N bytes sent per rank,
 one collective per bucket: alpha x buckets, where broadcasting each owner's
@@ -38,7 +38,7 @@ class ParamGather:
         self._handles = []
 
     def launch(self, buckets: list[ZeroBucket]) -> None:
-        """Write each updated partition into its slice and all_gather it; wait now unless overlapping."""
+        """Write each updated shard into flat_param and all_gather it; wait now unless overlapping."""
         self.wait_all()
         order = list(reversed(buckets))  # the first layers' parameters are in the last bucket
         for bucket in order:

@@ -1,6 +1,6 @@
 """ZeRO's memory on one rank, instant by instant (the minidist.footprint interface).
 
-    held(layout, world, stage=1, ...)       the paper's ZeRO-1 / ZeRO-2 (flat_partitions.py): list[Held]
+    held(layout, world, stage=1, ...)       the paper's ZeRO-1 / ZeRO-2 (flat_shards.py): list[Held]
     held_broadcast(layout, world, ...)      the owner-broadcast variant (owner_broadcast.py)
     live(optimizer)                         the engine's tensors that exist now, read only
 
@@ -28,9 +28,9 @@ a full bucket launches its reduce_scatter, and launching the next one reaps thos
 landed (reduce_scatter.py): so while bucket j fills, bucket j-1's buffer may still be alive
 (counted: an upper bound when the wire keeps up with backward, the usual case; the engine
 allows MAX_INFLIGHT_REDUCTIONS in flight when it does not). After backward only the k_b
-partitions remain.
+shards remain.
 
-The owner-broadcast variant is DDP's reducer (minidist.ddp.footprint) with optimizer state for
+The owner-broadcast variant is the all_reduce reducer (minidist.buckets.footprint, DDP's) with optimizer state for
 this rank's share only (the rank with the largest share sets the peak). After the update every
 share travels from its owner: all N broadcasts are launched at once, into a flat buffer each
 (the owner's own: a copy of its parameters; the others: scratch), so p psi of buffers exist
@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import torch
 
-from minidist.ddp import footprint as ddp_footprint
-from minidist.ddp.bucket import ReducerPolicy
+from minidist.buckets import footprint as reducer_footprint
+from minidist.buckets.policy import ReducerPolicy
 from minidist.footprint import At, Held, ModelLayout, OptimizerModel
 from minidist.zero.partition import partition_by_numel
 
@@ -65,12 +65,13 @@ def owner_shares(param_numels, world: int) -> list[list[int]]:
 
 
 def _bucket_spans(layout: ModelLayout, policy: ReducerPolicy, device_type: str) -> list[tuple[int, int, int]]:
-    """(numel, first, last) per bucket in launch order: the instants (ddp_footprint's backward
-    positions, larger = earlier) of the bucket's first and last gradient. flat_partitions.py builds
-    its buckets with DDP's rules over the parameters in reverse, as minidist.ddp.footprint does."""
+    """(numel, first, last) per bucket in launch order: the instants (reducer_footprint's backward
+    positions, larger = earlier) of the bucket's first and last gradient. flat_shards.py builds
+    its buckets with the rules of minidist.buckets.policy over the parameters in reverse, as the
+    all_reduce reducer does."""
     out = []
-    for ids, _ in ddp_footprint.buckets(layout, policy, device_type):
-        at = [ddp_footprint.backward_position(layout, i) for i in ids]
+    for ids, _ in reducer_footprint.buckets(layout, policy, device_type):
+        at = [reducer_footprint.backward_position(layout, i) for i in ids]
         out.append((sum(layout.param_numels[i] for i in ids), max(at), min(at)))
     return out
 
@@ -105,7 +106,7 @@ def held(layout: ModelLayout, world: int, *, stage: int = 1, policy: ReducerPoli
     rows = [Held(At("forward"), base | {"buffers": kept}, (), "forward")]
     for u in range(layout.units):
         for st in ((0, 1) if u == 0 else (0,)):
-            pos = ddp_footprint.position_of(layout, u, st)
+            pos = reducer_footprint.position_of(layout, u, st)
             rows.append(Held(At("backward", u, st), backward(pos), (), "backward",
                              before_grads=backward(pos, early=True)))
     grads = sum(own_grad) if stage == 1 else sum(k) * m
@@ -119,7 +120,7 @@ def held_broadcast(layout: ModelLayout, world: int, *, policy: ReducerPolicy = R
                    backend: str = "gloo") -> list[Held]:
     """The owner-broadcast variant's holdings at every instant (module docstring)."""
     mine = max(owner_shares(layout.param_numels, world), key=sum)
-    rows = ddp_footprint.held(layout, world, policy=policy, device_type=device_type, optimizer=optimizer,
+    rows = reducer_footprint.held(layout, world, policy=policy, device_type=device_type, optimizer=optimizer,
                               optimizer_pieces=mine, backend=backend)
     if world == 1:
         return rows

@@ -1,11 +1,11 @@
 """The owner-broadcast variant: whole parameters, DDP's all_reduce, then one broadcast per owner.
 
 This is the design of torch's ZeroRedundancyOptimizer and of CS336's sharded-optimizer
-exercise, kept beside the paper's algorithm (flat_partitions.py) so the two can be
+exercise, kept beside the paper's algorithm (flat_shards.py) so the two can be
 compared. One step, per rank:
 
-    backward   DDP's bucketed all_reduce of every gradient (minidist.ddp.reducer,   2 S (N-1)/N
-               the same hooks as minidist.DDP): every rank holds the whole average
+    backward   the bucketed all_reduce of every gradient (minidist.buckets.reducer, 2 S (N-1)/N
+               minidist.DDP's): every rank holds the whole average
     step()     the wrapped optimizer updates the parameters this rank owns
                (partition.py: whole parameters, largest first onto the least loaded)
     after      each owner broadcasts its updated parameters (one flat buffer per     ~S as a pipelined
@@ -17,7 +17,7 @@ parameters), N collectives where the all_gather is one per bucket, a staging cop
 every other rank's share during the broadcasts (psi (N-1)/N elements at once), and
 an imbalance: a rank's share is whole parameters, so the largest share can exceed
 psi / N by up to the largest parameter, and some ranks own nothing when there are
-few large parameters. What it has that flat partitions lack: any optimizer works
+few large parameters. What it has that flat shards lack: any optimizer works
 (the optimizer sees whole parameters, so non-elementwise ones such as Adafactor
 too), and parameters without a gradient are skipped as in one process.
 """
@@ -29,9 +29,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import comm
-from minidist.ddp.bucket import ReducerPolicy
-from minidist.ddp.reducer import Reducer, ReducerState
-from minidist.zero.layout import Piece
+from minidist.buckets.policy import ReducerPolicy
+from minidist.buckets.reducer import Reducer, ReducerState
+from minidist.zero.bucket_shards import Piece
 from minidist.zero.partition import partition_by_numel
 
 
@@ -50,7 +50,7 @@ class OwnerBroadcast:
         self._sync = True
 
     def add_params(self, params: list[nn.Parameter], first_index: int, names: list[str]) -> list[torch.Tensor]:
-        """Give each parameter an owner; reduce every gradient with one DDP reducer over all of them."""
+        """Give each parameter an owner; reduce every gradient with one all_reduce reducer over all of them."""
         owners = partition_by_numel(params, self.world, self._load)
         self.params += params
         self.names += names
@@ -105,10 +105,6 @@ class OwnerBroadcast:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
-
-    def local_grads(self) -> tuple[list[torch.Tensor], bool]:
-        """Every rank holds every averaged gradient: the norm needs no communication."""
-        return [p.grad for p in self.params if p.grad is not None], False
 
     def grad_pieces(self) -> tuple[list[tuple[int, torch.Tensor]], bool]:
         """Every parameter's whole averaged gradient, by position; False: the same on every rank."""

@@ -1,19 +1,20 @@
 """Backward: gradient hooks fill the buckets, each full bucket is reduce_scattered at once.
 
-Follow one gradient (the same path as DDP's reducer, with reduce_scatter for all_reduce):
+Follow one gradient (the path of minidist.buckets.launcher, which DDP's reducer takes too,
+with reduce_scatter for all_reduce):
 
 1. autograd accumulates into ``p.grad`` and runs p's post-accumulate-grad hook
-   (registered below) -> ``_on_grad(i)``;
+   (launcher.hook_gradients) -> ``_on_grad((b, j), p)``;
 2. the gradient is folded (added) into its slot of the bucket's flat gradient
    buffer and ``p.grad`` is freed: from here on the gradient lives in the bucket;
 3. in a synced backward the bucket counts its parameters down; when it is FULL,
-   every FULL bucket from the next one in launch order starts its async
-   reduce_scatter (collectives are matched by issue order, so every rank
-   launches the buckets in the same order: a bucket that fills early waits);
-   backward keeps running meanwhile;
-4. at the end of backward (a callback queued by the first hook) buckets whose
+   the launcher starts the async reduce_scatter of every FULL bucket from the
+   next one in launch order (collectives are matched by issue order, so every
+   rank launches the buckets in the same order: a bucket that fills early
+   waits); backward keeps running meanwhile;
+4. at the end of backward (launcher.queue_end_of_backward, by the first hook) buckets whose
    parameters got no gradient are completed with zeros and launched, and every
-   reduce_scatter is waited on in launch order: this rank's partition of the
+   reduce_scatter is waited on in launch order: this rank's shard of the
    averaged gradient is then in each bucket's ``master.grad``.
 
 Cost per rank and step: a reduce_scatter of the S gradient bytes, S (N-1)/N sent
@@ -35,18 +36,17 @@ next synced one reduces the sum.
 Averaging: the buckets are summed in ``reduce_dtype`` after dividing by ``pre``
 and divided by ``post`` afterwards (minidist.precision.divide_factors: fp16 sums
 divide by about sqrt(N) before and after so that neither overflows nor
-underflows; fp32 and bf16 divide once, after, on the k-element partition only).
+underflows; fp32 and bf16 divide once, after, on the k-element shard only).
 """
 
 from __future__ import annotations
 
 import enum
-import weakref
 from typing import Callable
 
-import torch
 import torch.nn as nn
 
+from minidist.buckets.launcher import OrderedLauncher, hook_gradients, queue_end_of_backward
 from minidist.zero.bucket import GradState, ZeroBucket, twice
 
 
@@ -61,27 +61,27 @@ class GradientReducer:
 
     def __init__(self, on_backward_start: Callable[[], None], max_inflight: int | None = None):
         self.on_backward_start = on_backward_start
+        """Called when a backward starts (before any gradient is folded): waits for pending all_gathers."""
         self.max_inflight = max_inflight
         """ZeRO-2: at most this many reduce_scatters in flight (their buffers alive); launching one
         more first waits for the oldest. None: no limit (ZeRO-1's buffers live anyway)."""
-        """Called when a backward starts (before any gradient is folded): waits for pending all_gathers."""
-        self.buckets: list[ZeroBucket] = []
+        self._launcher: OrderedLauncher[ZeroBucket] = OrderedLauncher(
+            lambda b: b.grad_state is GradState.FULL, self._launch)
+        self.buckets = self._launcher.buckets
         self.names: list[list[str]] = []
         self.require_backward_grad_sync = True
         """torch DDP's name: False inside no_sync(); read when a backward starts."""
         self.state = BackwardState.IDLE
         self._launched: list[ZeroBucket] = []
         """Buckets whose reduce_scatter was launched and not yet finished, in launch order."""
-        self._next = 0
         self._handles = []
 
     def add(self, bucket: ZeroBucket, names: list[str]) -> None:
         """Append a bucket (launched after every earlier one) and hook its parameters."""
         self.buckets.append(bucket)
         self.names.append(names)
-        ref = weakref.ref(self)
-        for j, p in enumerate(bucket.params):
-            self._handles.append(p.register_post_accumulate_grad_hook(_make_hook(ref, bucket.index, j)))
+        keys = [(bucket.index, j) for j in range(len(bucket.params))]
+        self._handles += hook_gradients(self, bucket.params, keys, GradientReducer._on_grad)
 
     def remove_hooks(self) -> None:
         for h in self._handles:
@@ -89,11 +89,12 @@ class GradientReducer:
         self._handles = []
 
     # ---------------------------------------------------------------- backward
-    def _on_grad(self, b: int, j: int, p: nn.Parameter) -> None:
+    def _on_grad(self, key: tuple[int, int], p: nn.Parameter) -> None:
+        b, j = key
         if self.state is BackwardState.IDLE:
             self.state = BackwardState.REDUCING if self.require_backward_grad_sync else BackwardState.LOCAL
             self.on_backward_start()
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+            queue_end_of_backward(self._end_backward)
         bucket = self.buckets[b]
         if self.state is BackwardState.REDUCING and bucket.was_ready(j):
             raise RuntimeError(twice(self.names[b][j]))
@@ -103,15 +104,16 @@ class GradientReducer:
             self._launch_full()
 
     def _launch_full(self) -> None:
-        """Launch every FULL bucket from the next one in order; stop at the first that is not."""
-        while self._next < len(self.buckets) and self.buckets[self._next].grad_state is GradState.FULL:
-            bucket = self.buckets[self._next]
-            if self.max_inflight is not None and len(self._launched) >= self.max_inflight:
-                self._launched.pop(0).finish()  # bounds the gradient memory in flight (ZeRO-2)
-            bucket.launch()
-            self._launched.append(bucket)
-            self._next += 1
+        """Launch every FULL bucket in order (the launcher), then reap those already reduced."""
+        self._launcher.launch_ready()
         self._reap()
+
+    def _launch(self, bucket: ZeroBucket) -> None:
+        """Start one bucket's reduce_scatter (called by the launcher, in bucket order)."""
+        if self.max_inflight is not None and len(self._launched) >= self.max_inflight:
+            self._launched.pop(0).finish()  # bounds the gradient memory in flight (ZeRO-2)
+        bucket.launch()
+        self._launched.append(bucket)
 
     def _reap(self) -> None:
         """Finish the oldest launched buckets whose reduce_scatter has completed (ZeRO-2 frees their buffer)."""
@@ -121,8 +123,8 @@ class GradientReducer:
     def _end_backward(self) -> None:
         try:
             if self.state is BackwardState.REDUCING:
-                for bucket, names in zip(self.buckets[self._next:], self.names[self._next:]):
-                    bucket.complete(names)  # not launched yet: parameters without a gradient here give zeros
+                for bucket in self._launcher.unlaunched:  # parameters without a gradient here give zeros
+                    bucket.complete(self.names[bucket.index])
                 self._launch_full()
                 while self._launched:
                     self._launched.pop(0).finish()
@@ -131,20 +133,13 @@ class GradientReducer:
             raise
         finally:
             self.state = BackwardState.IDLE
-            self._next = 0
+            self._launcher.reset()
 
     def abandon(self) -> None:
         """Error path: wait out launched work, drop this step's gradients, so the next step starts clean."""
         for bucket in self.buckets:
             bucket.abandon()
         self._launched = []
-        self._next = 0
+        self._launcher.reset()
         self.state = BackwardState.IDLE
 
-
-def _make_hook(ref: weakref.ref, b: int, j: int):
-    def hook(p: torch.Tensor) -> None:
-        reducer = ref()
-        if reducer is not None:
-            reducer._on_grad(b, j, p)
-    return hook

@@ -2,7 +2,7 @@
 
     opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, mesh=mesh, lr=1e-3)   # ZeRO-1
     loss.backward()          # each bucket's gradient is reduce_scattered as it fills
-    opt.step()               # this rank's slices only, then one all_gather per bucket
+    opt.step()               # this rank's shards only, then one all_gather per bucket
     opt.zero_grad()
 
 The model needs no wrapper: the optimizer hooks the parameters' gradients itself
@@ -14,15 +14,15 @@ the same parameters and takes rank 0's values, as DDP does.
     stage=2 (ZeRO-2, P_os+g)    + each bucket's gradient freed once reduce_scattered: psi / N
     owner_broadcast=True        torch's ZeroRedundancyOptimizer design (owner_broadcast.py)
 
-flat_partitions.py has the algorithm and its costs, layout.py the partition,
-bucket.py the buffers, reduce_scatter.py the backward, all_gather.py the return of
+flat_shards.py has the algorithm and its costs, bucket_shards.py who owns which
+elements, bucket.py the buffers, reduce_scatter.py the backward, all_gather.py the return of
 the parameters, state_dict.py the checkpoints.
 
 After a synced backward ``p.grad`` is None for every parameter: the gradient lives in
-the buckets, and this rank's averaged partition in the tensors the wrapped optimizer
-steps (``param_groups`` holds those partitions; schedulers, ``torch.amp`` scalers and
-zero_grad see them). Hence ``clip_grad_norm_`` here, which sums the partitions'
-squared norms over the ranks; with fp16, torch's ShardedGradScaler makes every rank
+the buckets, and this rank's averaged shard in the tensors the wrapped optimizer
+steps (``param_groups`` holds those shards; schedulers, ``torch.amp`` scalers and
+zero_grad see them). Hence ``clip_grad_norm_`` here, which sums the shards'
+squared norms over the ranks (minidist.clip); with fp16, torch's ShardedGradScaler makes every rank
 agree on skipping a step.
 
 ``no_sync()``: backwards inside accumulate locally (into the buckets) and the next
@@ -45,21 +45,21 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from minidist import comm
-from minidist.ddp.ddp import REDUCED_MARK
-from minidist.mesh import group_of
+from minidist import clip, comm
+from minidist.buckets.launcher import is_reduced
+from minidist.mesh import DP, group_of
 from minidist.precision import MixedPrecisionPolicy
 from minidist.verify import verify_same_model
 from minidist.zero import state_dict as _sd
-from minidist.zero.flat_partitions import FlatPartitions
+from minidist.zero.flat_shards import FlatShards
 from minidist.zero.owner_broadcast import OwnerBroadcast
 
 class ShardedOptimizer(torch.optim.Optimizer):
-    """Keeps `optimizer_cls` state only for this rank's partition; step() updates every rank's parameters.
+    """Keeps `optimizer_cls` state only for this rank's shard; step() updates every rank's parameters.
 
-    `optimizer_cls(..., **defaults)` is built over this rank's partitions. `mp_policy`
+    `optimizer_cls(..., **defaults)` is built over this rank's shards. `mp_policy`
     (minidist.precision.MixedPrecisionPolicy): parameters (and compute) in param_dtype,
-    gradients reduced in reduce_dtype, fp32 master partitions. `module`: the model, for
+    gradients reduced in reduce_dtype, fp32 master shards. `module`: the model, for
     `overlap_param_gather` (its forward pre-hooks wait for each bucket's all_gather) and,
     under a param_dtype, to cast its floating inputs. `bucket_cap_mb`: as DDP's.
     """
@@ -70,14 +70,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
                  mp_policy: MixedPrecisionPolicy | None = None, module: nn.Module | None = None,
                  overlap_param_gather: bool = False, **defaults: Any):
         self.process_group = group = group_of("ShardedOptimizer", process_group, mesh)
+        self.mesh_dim = mesh.mesh_dim_names[0] if mesh is not None and mesh.mesh_dim_names else DP
+        """The name of the mesh dimension this optimizer shards over (its group's; "dp" without a mesh)."""
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         _check_options(stage, owner_broadcast, mp_policy, module, overlap_param_gather)
         self.stage, self.owner_broadcast = stage, owner_broadcast
         self.engine = (OwnerBroadcast(group, bucket_cap_mb) if owner_broadcast else
-                       FlatPartitions(group, stage, bucket_cap_mb, mp_policy, overlap_param_gather))
+                       FlatShards(group, stage, bucket_cap_mb, mp_policy, overlap_param_gather))
         self._optimizer_cls, self._kwargs = optimizer_cls, defaults
         self.optim: torch.optim.Optimizer | None = None
-        """The wrapped optimizer, over this rank's partitions only (param_groups is its list)."""
+        """The wrapped optimizer, over this rank's shards only (param_groups is its list)."""
         self._params: list[nn.Parameter] = []
         super().__init__(params, defaults)  # calls add_param_group for each group
         self.defaults = self.optim.defaults
@@ -85,7 +87,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.engine.attach(module)
 
     def add_param_group(self, param_group: dict) -> None:
-        """Partition the group's parameters and hand this rank's partitions to the wrapped optimizer.
+        """Shard the group's parameters and hand this rank's shards to the wrapped optimizer.
 
         A collective: every rank must call it with the same parameters (checked), whose values
         are then taken from rank 0.
@@ -96,7 +98,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         seen = {id(p) for p in self._params}
         if any(id(p) in seen for p in params) or len({id(p) for p in params}) != len(params):
             raise ValueError("ShardedOptimizer: some parameters appear in more than one parameter group")
-        if any(getattr(p, REDUCED_MARK, False) for p in params):
+        if any(is_reduced(p) for p in params):
             raise ValueError("ShardedOptimizer reduces the gradients itself: pass the parameters of the model "
                              "itself, not of a minidist.DDP wrapper (whose all_reduce would send them twice)")
         if not params:
@@ -104,7 +106,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         first = len(self._params)
         names = [f"param {first + i}" for i in range(len(params))]
         verify_same_model(list(zip(names, params)), [], self.process_group, "ShardedOptimizer")
-        _broadcast_from_rank0(params, self.process_group)
+        comm.broadcast_tensors(params, group=self.process_group)  # every rank starts from rank 0's
         local = self.engine.add_params(params, first, names)
         self._params += params
         inner = {k: v for k, v in param_group.items() if k != "params"} | {"params": local}
@@ -120,7 +122,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ the step
     def step(self, closure: Callable[[], float] | None = None):
-        """Update this rank's partitions, then return every rank's to every rank (all_gather or broadcasts)."""
+        """Update this rank's shards, then return every rank's to every rank (all_gather or broadcasts)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -131,7 +133,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop every gradient: the partitions' (always set to None: they may be views of a bucket) and the buckets'."""
+        """Drop every gradient: the shards' (always set to None: they may be views of a bucket) and the buckets'."""
         self.engine.zero_grad()
 
     @contextlib.contextmanager
@@ -144,39 +146,31 @@ class ShardedOptimizer(torch.optim.Optimizer):
         finally:
             self.engine.require_backward_grad_sync = old
 
-    @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Scale the gradients so that the global norm is at most max_norm; return that norm.
+        """Scale the gradients so that the global norm is at most max_norm; return that norm (minidist.clip).
 
-        Flat partitions hold every element once across the ranks (padding has zero gradient),
-        so the squared norms are summed over the group: one all_reduce of a scalar.
+        Flat shards hold every element once across the ranks (padding has zero gradient),
+        so the squared norms are summed over the group: one all_reduce of a scalar (none
+        for the owner-broadcast variant, whose ranks all hold every averaged gradient).
+        Parameters also split over another dimension (tensor parallelism) are refused in
+        one line: minidist.train.parallelize.clip_grad_norm_ sums over every dimension.
         """
-        grads, sharded = self.engine.local_grads()
-        norm_type = float(norm_type)
-        dev = self._params[0].device
-        if norm_type == float("inf"):
-            local = max((g.abs().max() for g in grads), default=torch.zeros((), device=dev)).float()
-            op = comm.ReduceOp.MAX
-        else:
-            local = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.zeros((), device=dev))
-            op = comm.ReduceOp.SUM
-        if sharded and self.world_size > 1:
-            comm.all_reduce(local, op, group=self.process_group)
-        total = local if norm_type == float("inf") else local ** (1.0 / norm_type)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if grads:
-            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
-        return total
+        pieces, sharded = self.grad_pieces()
+        groups = clip.NamedGroups({self.mesh_dim: self.process_group}, "ShardedOptimizer.clip_grad_norm_",
+                                  "minidist.train.parallelize.clip_grad_norm_")
+        every = [(p, None) for p in self._params] + pieces  # every rank forms the same groups
+        return clip.clip_grad_norm_(every, max_norm, groups, device=self._params[0].device, norm_type=norm_type,
+                                    also=(self.mesh_dim,) if sharded else ())
 
     def grad_pieces(self) -> tuple[list[tuple[nn.Parameter, torch.Tensor]], bool]:
         """This rank's averaged gradients, each beside the parameter it belongs to, and whether they are
         shards of the group (True: ZeRO-1/2's pieces of its partitions, every element on exactly one
         rank; False: the owner-broadcast variant's whole gradients, the same on every rank).
 
-        For a norm that depends on the parameters, where clip_grad_norm_ above sums over this
-        group only: a tensor-parallel slice's squared norm is also summed over "tp", a parameter
-        replicated over "tp" is not (minidist.train.parallelize.clip_grad_norm_). The tensors are
-        views: scaling them in place scales what step() applies.
+        What minidist.clip reads: each piece's squared norm is summed over the dimensions its
+        parameter declares (a tensor-parallel slice over "tp") and, when sharded, over this
+        optimizer's dimension (`mesh_dim`). The tensors are views: scaling them in place
+        scales what step() applies.
         """
         pieces, sharded = self.engine.grad_pieces()
         return [(self._params[i], g) for i, g in pieces], sharded
@@ -209,7 +203,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                              f"{self.rank} of {self.world_size}. Each rank must load its own shard, saved at "
                              f"the same world size (sharded_state_dict() resumes at any).")
         if state_dict["layout"] != self.engine.signature():
-            raise ValueError("ShardedOptimizer.load_state_dict: the partition differs from the saved one (another "
+            raise ValueError("ShardedOptimizer.load_state_dict: the shards differ from the saved ones (another "
                              "model, parameter order, bucket size or variant); use sharded_state_dict()")
         self.optim.load_state_dict(state_dict["optimizer"])
         self._share_groups()
@@ -239,17 +233,7 @@ def _check_options(stage: int, owner_broadcast: bool, mp_policy, module, overlap
         raise ValueError(f"ShardedOptimizer: stage={stage!r}; ZeRO stage 1 (optimizer state) or 2 (+ gradients)")
     if owner_broadcast and (stage != 1 or overlap or (mp_policy and mp_policy.param_dtype)):
         raise ValueError("ShardedOptimizer(owner_broadcast=True) is ZeRO-1 on whole parameters in their own dtype: "
-                         "stage=2, overlap_param_gather and a param_dtype need the flat partitions (the default)")
+                         "stage=2, overlap_param_gather and a param_dtype need the flat shards (the default)")
     if overlap and module is None:
         raise ValueError("ShardedOptimizer(overlap_param_gather=True) needs module=<the model>: its forward "
                          "pre-hooks wait for each bucket's parameters")
-
-
-@torch.no_grad()
-def _broadcast_from_rank0(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> None:
-    """Every rank starts from group rank 0's values (as DDP): all launched, then waited."""
-    if dist.get_world_size(group) == 1:
-        return
-    works = [comm.broadcast(p.detach(), group=group, group_src=0, async_op=True) for p in params]
-    for w in works:
-        w.wait()

@@ -1,6 +1,6 @@
 """Sharded state dicts that resume at any world size: the state, cut by parameter and element range.
 
-Each rank saves, for every piece of a parameter in its partitions (layout.py), the
+Each rank saves, for every piece of a parameter in its shards (bucket_shards.py), the
 elements of each per-element state tensor (Adam's exp_avg, exp_avg_sq) that belong
 to that piece, and once each scalar (Adam's step). Under mixed precision the fp32
 master weights are saved the same way (key MASTER): they are the real weights, the
@@ -11,9 +11,9 @@ model's bf16 copy is rounded.
      "param_groups": [hyperparameters of each group]}
 
 Loading at M ranks merges every saved rank's pieces into whole per-parameter
-tensors and cuts the slices of the new partitions from them. The format knows
+tensors and cuts the new shards from them. The format knows
 nothing of buckets or owners, so a checkpoint also moves between bucket sizes and
-between the flat partitions and the owner-broadcast variant.
+between the flat shards and the owner-broadcast variant.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _local_tensors(opt) -> list[torch.Tensor]:
 
 
 def _elementwise(value: Any, t: torch.Tensor) -> bool:
-    """A state entry with one value per element of the partition (not a scalar such as Adam's step)."""
+    """A state entry with one value per element of the shard (not a scalar such as Adam's step)."""
     return isinstance(value, torch.Tensor) and value.shape == t.shape
 
 
@@ -45,7 +45,7 @@ def sharded_state_dict(opt) -> dict[str, Any]:
             into = state.setdefault(piece.param, {})
             for key, value in entries:
                 if _elementwise(value, t):
-                    part = value.detach().reshape(-1)[piece.slice_start:piece.slice_start + piece.numel]
+                    part = value.detach().reshape(-1)[piece.shard_start:piece.shard_start + piece.numel]
                     into.setdefault(key, []).append((piece.param_start, part.clone().cpu()))
                 else:
                     into[key] = value.detach().clone().cpu() if isinstance(value, torch.Tensor) else value
@@ -93,7 +93,7 @@ def load_sharded_state_dict(opt, shards: list[dict[str, Any]]) -> None:
             for key, value in whole.items():
                 if key not in entries:
                     entries[key] = torch.zeros(t.shape, dtype=value.dtype, device=t.device)
-                entries[key].view(-1)[piece.slice_start:piece.slice_start + piece.numel] = \
+                entries[key].view(-1)[piece.shard_start:piece.shard_start + piece.numel] = \
                     value[piece.param_start:piece.param_start + piece.numel].to(t.device)
             for key, value in scalars.items():
                 entries[key] = value.clone() if isinstance(value, torch.Tensor) else value

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from minidist import FSDP
+from minidist.mesh import hybrid_mesh
 from minidist.models.gpt import GPT, Block, GPTConfig
 from recipes.lessons.common import Context, main_for, max_over_ranks, peak_bytes
 
@@ -29,11 +30,12 @@ TITLE = "FSDP memory when parameters dominate vs when activations dominate"
 CLAIM = "full_shard's peak is {p:.2f}x no_shard's when parameters dominate, but {a:.2f}x when activations do"
 
 
-def measure(cfg: GPTConfig, batch: int, strategy: str, rank: int) -> int:
-    torch.manual_seed(0)
-    model = FSDP(GPT(cfg), wrap={Block}, sharding_strategy=strategy)
+def measure(cfg: GPTConfig, batch: int, strategy: str, ctx: Context) -> int:
+    torch.manual_seed(0)  # FSDP2's arguments: no_shard is a ("replicate", "shard") mesh with shards of one rank
+    kw = dict(mesh=hybrid_mesh(ctx.topo, shard=1)) if strategy == "no_shard" else {}
+    model = FSDP(GPT(cfg), wrap={Block}, reshard_after_forward=strategy == "full_shard", **kw)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(rank)
+    g = torch.Generator().manual_seed(ctx.rank)
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), generator=g)
 
     def step():
@@ -54,7 +56,7 @@ def run(ctx: Context) -> None:
     rows, ratio = [], {}
     for name, (cfg, batch) in regimes.items():
         psi = sum(p.numel() for p in GPT(cfg).parameters())
-        peaks = {s: measure(cfg, batch, s, ctx.rank) for s in ("no_shard", "full_shard")}
+        peaks = {s: measure(cfg, batch, s, ctx) for s in ("no_shard", "full_shard")}
         ratio[name] = peaks["full_shard"] / peaks["no_shard"]
         rows.append([name, f"{cfg.n_layer}x{cfg.n_embd}, {batch}x{cfg.block_size} tokens", 16 * psi / 2**20,
                      peaks["no_shard"] / 2**20, peaks["full_shard"] / 2**20, ratio[name]])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from minidist import DDP, FSDP, ShardedOptimizer, comm
+from minidist.mesh import hybrid_mesh
 from minidist.models.gpt import GPT, Block, GPTConfig
 from recipes.lessons.common import Context, kernel_bytes, main_for
 
@@ -41,7 +42,7 @@ PHASES = ("forward", "backward", "step")
 ENGINES = ("DDP", "ZeRO-1", "no_shard", "shard_grad_op", "full_shard")
 
 
-def build(engine: str, cfg: GPTConfig):
+def build(engine: str, cfg: GPTConfig, ctx: Context):
     torch.manual_seed(0)
     net = GPT(cfg)
     if engine == "ZeRO-1":  # the optimizer hooks the gradients itself: no DDP wrapper
@@ -50,7 +51,9 @@ def build(engine: str, cfg: GPTConfig):
         model = DDP(net)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     else:
-        model = FSDP(net, wrap={Block}, sharding_strategy=engine)
+        # FSDP1's names in FSDP2's arguments: no_shard is a ("replicate", "shard") mesh with shards of one rank
+        kw = dict(mesh=hybrid_mesh(ctx.topo, shard=1)) if engine == "no_shard" else {}
+        model = FSDP(net, wrap={Block}, reshard_after_forward=engine == "full_shard", **kw)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return model, opt
 
@@ -77,9 +80,9 @@ def bytes_of(t: comm.Trace, op: str) -> int:
     return sum(r.sent_bytes for r in t.records if r.op == op)
 
 
-def measure(engine: str, cfg: GPTConfig, x, y) -> dict:
+def measure(engine: str, cfg: GPTConfig, x, y, ctx: Context) -> dict:
     """One engine's steady-state step: traced bytes per (phase, op), totals, and S_root (FSDP)."""
-    model, opt = build(engine, cfg)
+    model, opt = build(engine, cfg, ctx)
     for _ in range(2):
         measured_step(model, opt, x, y)
     m = measured_step(model, opt, x, y)
@@ -97,7 +100,7 @@ def units(ctx: Context, small: bool) -> tuple[int, float, dict[str, dict]]:
     g = torch.Generator().manual_seed(ctx.rank)
     x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=g)
     S = sum(p.numel() * 4 for p in GPT(cfg).parameters())
-    return S, S * (ctx.world - 1) / ctx.world, {e: measure(e, cfg, x, torch.roll(x, -1, dims=1)) for e in ENGINES}
+    return S, S * (ctx.world - 1) / ctx.world, {e: measure(e, cfg, x, torch.roll(x, -1, dims=1), ctx) for e in ENGINES}
 
 
 COLUMNS = {"fwd all_gather": ("forward", "all_gather"), "bwd all_gather": ("backward", "all_gather"),

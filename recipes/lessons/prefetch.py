@@ -3,13 +3,13 @@
     torchrun --standalone --nproc_per_node=2 -m recipes.lessons.prefetch
 
 Without prefetch, each unit's all_gather is issued when the unit is about to run
-and the compute waits for it: every gather is exposed. With forward_prefetch and
-backward_prefetch, minidist.fsdp's schedule issues the all_gather of the unit that
-runs next (next in forward order; the reverse in backward) as soon as the current
-unit starts, so the gather hides behind the current unit's compute, if that
-compute lasts at least as long as the gather. The price is memory: one more
-unit's buffer alive while a unit computes (max_inflight_all_gathers bounds how
-many). It need not raise the peak: without prefetch, each gather's copy-out holds
+and the compute waits for it: every gather is exposed (explicit prefetch lists left
+empty: minidist.fsdp.prefetch_ahead(units, 0, 0)). By default, as FSDP2, each unit
+issues the all_gather of the unit that runs next (next in forward order; the reverse
+in backward) as soon as its own parameters are installed, so the gather hides behind
+the current unit's compute, if that compute lasts at least as long as the gather. The
+price is memory: one more unit's buffer alive while a unit computes (each unit listed
+in FSDPUnit.set_modules_to_forward_prefetch is one more). It need not raise the peak: without prefetch, each gather's copy-out holds
 the all_gather output and the unsharded parameters, two units' worth, for a moment.
 
 The layers' forward and backward sleep (emulated accelerator compute): on two
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from minidist import FSDP, comm
+from minidist.fsdp import prefetch_ahead
 from recipes.lessons.common import Context, SleepLinear, compute_log, main_for, max_over_ranks, peak_bytes
 
 TITLE = "FSDP prefetch on/off: step time and peak memory (emulated compute)"
@@ -44,8 +45,9 @@ CLAIM = ("prefetch issues {ahead_on} of the {hideable} forward all_gathers that 
 def build(width: int, layers: int, seconds: float, prefetch: bool):
     torch.manual_seed(0)
     net = torch.nn.Sequential(*(SleepLinear(width, seconds) for _ in range(layers)))
-    kw = dict(max_inflight_all_gathers=1) if prefetch else dict(forward_prefetch=False, backward_prefetch=False)
-    model = FSDP(net, wrap={SleepLinear}, **kw)
+    model = FSDP(net, wrap={SleepLinear})  # FSDP2's default: each unit prefetches the next one
+    if not prefetch:
+        prefetch_ahead(model.units, forward=0, backward=0)  # explicit prefetch lists, all empty
     return model, torch.optim.SGD(model.parameters(), lr=1e-3)
 
 

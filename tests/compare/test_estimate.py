@@ -15,7 +15,7 @@ import torch
 from minidist.compare.estimate import estimate_memory, held, model_state_bytes
 from minidist.compare.profile import profile_step
 from minidist.ddp import footprint as ddp_footprint
-from minidist.ddp.bucket import ReducerPolicy
+from minidist.buckets.policy import ReducerPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import minidist.ddp as ddp_pkg
 from minidist.ddp import DDP, Bucket, PowerSGDState, comm_hooks, powersgd_hook
-from minidist.ddp.reduction import allreduce_presummed as _allreduce_presummed
+from minidist.buckets.reduction import allreduce_presummed as _allreduce_presummed
 from tests.common import MLP, rank_slice
 from tests.ddp.helpers import batches
 

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minidist import comm
 from minidist.ddp import DDP
-from minidist.ddp import reduction as reduction_module
+from minidist.buckets import reduction as reduction_module
 from tests.common import MLP
 from tests.ddp.helpers import batches, max_diff, train, unwrap
 

@@ -1,4 +1,4 @@
-"""DDP(mixed_precision=MixedPrecisionPolicy(...)): forward and backward in bf16/fp16 on copies of the fp32
+"""DDP(mp_policy=MixedPrecisionPolicy(...)): forward and backward in bf16/fp16 on copies of the fp32
 parameters, gradients reduced in reduce_dtype, fp32 gradients for the optimizer. K steps (with no_sync
 accumulation) stay within a stated tolerance of an fp32 run in one process; an fp16 sum that would
 overflow at N = 4 does not; an evaluation forward leaves the fp32 masters in place."""
@@ -40,7 +40,7 @@ def _vs_fp32() -> dict:
     train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), data, shard=False)
     out = {}
     for pd, rd in ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float16, torch.float16)):
-        model = DDP(fresh_mlp(), mixed_precision=MixedPrecisionPolicy(param_dtype=pd, reduce_dtype=rd))
+        model = DDP(fresh_mlp(), mp_policy=MixedPrecisionPolicy(param_dtype=pd, reduce_dtype=rd))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         train(model, _Loop(model, opt), data, shard=True, micro=2)  # one no_sync micro-batch per step
         bucket_dtypes = {b.flat.dtype for b in model.reducer.buckets}
@@ -66,7 +66,7 @@ def _overflow() -> dict:
     comm.all_reduce(control)
     lin = nn.Linear(8, 1, bias=False)
     nn.init.ones_(lin.weight)
-    model = DDP(lin, mixed_precision=MixedPrecisionPolicy(param_dtype=torch.float16))
+    model = DDP(lin, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16))
     model(torch.full((1, 8), 30000.0)).sum().backward()
     return {"control": bool(torch.isinf(control).any()), "grad": model.module.weight.grad.flatten().tolist()}
 

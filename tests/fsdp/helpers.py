@@ -78,6 +78,16 @@ def loss_of(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
     return F.mse_loss(out.float(), y)
 
 
+def fsdp2_args(strategy: str) -> dict:
+    """FSDP2's arguments for one of the recipes' FSDP1 names, as minidist.train.parallelize maps them
+    (hybrid_shard: pass mesh=hybrid_mesh(topo, shard=G) too). A collective for no_shard (its mesh)."""
+    from minidist import runtime
+    from minidist.mesh import hybrid_mesh
+    if strategy == "no_shard":  # HSDP with shards of one rank: every rank replicates everything
+        return {"mesh": hybrid_mesh(runtime.init("gloo"), shard=1), "reshard_after_forward": False}
+    return {"reshard_after_forward": strategy in ("full_shard", "hybrid_shard")}
+
+
 def make_opt(params) -> torch.optim.Optimizer:
     # eps=1e-6, not 1e-8: a gradient that is zero in exact arithmetic (attention's key bias) is
     # rounding noise whose value depends on the order ranks are summed in (the ring at 3 ranks);

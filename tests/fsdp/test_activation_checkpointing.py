@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from minidist import comm
-from minidist.fsdp import FSDP, ShardedState, TrainingState
+from minidist.fsdp import FSDP, ShardedState, TrainingState, prefetch_ahead
 from minidist.models.gpt import GPT, Block
 from tests.common import rank_slice, tiny_gpt_config
 from tests.fsdp.helpers import make_opt, max_diff
@@ -90,8 +90,9 @@ def reference(world: int) -> dict[str, torch.Tensor]:
 
 
 def run_fsdp(placement: str | None, strategy: str, prefetch: bool) -> dict:
-    model = FSDP(make_gpt(placement), wrap={Block}, sharding_strategy=strategy,
-                 forward_prefetch=prefetch, backward_prefetch=prefetch)
+    model = FSDP(make_gpt(placement), wrap={Block}, reshard_after_forward=strategy == "full_shard")
+    if not prefetch:
+        prefetch_ahead(model.units, 0, 0)
     opt = make_opt(model.parameters())
     attn_calls = [0]
     for b in model.module.blocks:

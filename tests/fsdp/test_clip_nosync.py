@@ -11,7 +11,7 @@ from minidist import runtime
 from minidist.fsdp import FSDP
 from minidist.mesh import hybrid_mesh
 from tests.common import rank_slice
-from tests.fsdp.helpers import WRAPS, loss_of, make_batches, make_model, make_opt, max_diff, reference, train
+from tests.fsdp.helpers import WRAPS, fsdp2_args, loss_of, make_batches, make_model, make_opt, max_diff, reference, train
 
 
 def _ref_grads(kind: str, x, y, world: int, micro: int = 1):
@@ -35,14 +35,20 @@ def _norm_case(kind: str, norm_type: float, **kw) -> tuple[float, float]:
     return ours, ref
 
 
-def body_clip(strategies: list[dict]) -> dict:
+def _args(strategy: str) -> dict:
+    if strategy == "hybrid_shard":
+        return {"mesh": hybrid_mesh(runtime.init("gloo"), shard=2)}
+    return fsdp2_args(strategy)
+
+
+def body_clip(strategies: list[str]) -> dict:
     out = {}
-    for i, kw in enumerate(strategies):
+    for i, kw in enumerate(map(_args, strategies)):
         for kind in ("mlp", "tied"):
             for norm_type in (2.0, float("inf")):
                 out[(i, kind, norm_type)] = _norm_case(kind, norm_type, **kw)
     # clipped training == clipped reference (the scaling is applied, with the global norm)
-    model = FSDP(make_model("gpt"), wrap=WRAPS["gpt"], **strategies[0])
+    model = FSDP(make_model("gpt"), wrap=WRAPS["gpt"], **_args(strategies[0]))
     train("gpt", model, make_batches("gpt"), shard=True, clip=0.05)
     out["train"] = max_diff(model.full_state_dict(rank0_only=False), reference("gpt", dist.get_world_size(), clip=0.05))
     return out
@@ -56,20 +62,16 @@ def _check_clip(results):
 
 
 def test_clip_world2(run_dist):
-    _check_clip(run_dist(2, body_clip, [{"sharding_strategy": "full_shard"}, {"sharding_strategy": "no_shard"}]))
-
-
-def body_clip_hybrid() -> dict:
-    return body_clip([{"sharding_strategy": "hybrid_shard", "mesh": hybrid_mesh(runtime.init("gloo"), shard=2)}])
+    _check_clip(run_dist(2, body_clip, ["full_shard", "no_shard"]))
 
 
 def test_clip_hybrid_world4(run_dist):
-    _check_clip(run_dist(4, body_clip_hybrid))
+    _check_clip(run_dist(4, body_clip, ["hybrid_shard"]))
 
 
 def body_no_sync(strategy: str) -> dict:
     kind, world = "gpt", dist.get_world_size()
-    model = FSDP(make_model(kind), wrap=WRAPS[kind], sharding_strategy=strategy)
+    model = FSDP(make_model(kind), wrap=WRAPS[kind], **fsdp2_args(strategy))
     opt = make_opt(model.parameters())
     x, y = make_batches(kind, steps=1)[0]
     xs, ys = rank_slice(x).chunk(2), rank_slice(y).chunk(2)

@@ -1,6 +1,7 @@
 """K AdamW steps of FSDP at world N == one process on the whole batch (fp32, 1e-6).
 
-Covers every sharding strategy, prefetch on and off, with and without a wrap policy,
+Covers every sharding strategy (FSDP2's arguments), prefetch by default, off and two units
+ahead (explicit lists), with and without a wrap policy,
 on models whose sizes the world size does not divide, tied weights (TiedLM, GPT),
 a unit called twice per forward, a frozen layer and a parameter outside every unit.
 """
@@ -14,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from minidist import runtime
-from minidist.fsdp import FSDP
+from minidist.fsdp import FSDP, prefetch_ahead
 from minidist.mesh import hybrid_mesh
-from tests.fsdp.helpers import WRAPS, loss_of, make_batches, make_model, max_diff, reference, train
+from tests.fsdp.helpers import WRAPS, fsdp2_args, loss_of, make_batches, make_model, max_diff, reference, train
 
 TOL = 1e-6
 
@@ -26,8 +27,10 @@ def _reference(kind: str, world: int):
     return reference(kind, world)
 
 
-def _run(kind: str, wrap: bool, **fsdp_kwargs) -> float:
+def _run(kind: str, wrap: bool, prefetch: int | None = None, **fsdp_kwargs) -> float:
     model = FSDP(make_model(kind), wrap=WRAPS[kind] if wrap else None, **fsdp_kwargs)
+    if prefetch is not None:
+        prefetch_ahead(model.units, prefetch, prefetch)
     batches = make_batches(kind)
     train(kind, model, batches, shard=True)
     with torch.no_grad():  # an evaluation forward leaves every unit sharded (shard_grad_op too)
@@ -40,16 +43,16 @@ def body_strategies(kinds: list[str], strategies: list[str], prefetch_variants: 
     for strategy in strategies:
         for kind in kinds:
             for wrap in (False, True):
-                out[(strategy, kind, wrap)] = _run(kind, wrap, sharding_strategy=strategy)
-    for kind in kinds if prefetch_variants else []:  # prefetch off, and a shallower prefetch
-        out[("no-prefetch", kind)] = _run(kind, True, forward_prefetch=False, backward_prefetch=False)
-        out[("inflight-1", kind)] = _run(kind, True, max_inflight_all_gathers=1)
+                out[(strategy, kind, wrap)] = _run(kind, wrap, **fsdp2_args(strategy))
+    for kind in kinds if prefetch_variants else []:  # prefetch off, and two units ahead
+        out[("no-prefetch", kind)] = _run(kind, True, prefetch=0)
+        out[("prefetch-2", kind)] = _run(kind, True, prefetch=2)
     return out
 
 
 def body_hybrid(kinds: list[str]) -> dict:
     mesh = hybrid_mesh(runtime.init("gloo"), shard=2)
-    return {("hybrid", kind, wrap): _run(kind, wrap, sharding_strategy="hybrid_shard", mesh=mesh)
+    return {("hybrid", kind, wrap): _run(kind, wrap, mesh=mesh)
             for kind in kinds for wrap in (False, True)}
 
 

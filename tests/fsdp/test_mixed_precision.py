@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from minidist import comm, runtime
 from minidist.fsdp import FSDP
+from minidist.precision import MixedPrecisionPolicy as MP
 from minidist.mesh import hybrid_mesh
 from tests.common import rank_slice
 
@@ -76,11 +77,11 @@ def body_fp16() -> dict:
     summed = torch.cat([p.grad.float().reshape(-1) for p in local.parameters()])
     dist.all_reduce(summed)
     ref, _ = _grads(x, scale)
-    fp16, dtypes16 = _grads(x, scale, param_dtype=torch.float16)
-    fp32r, dtypes32 = _grads(x, scale, param_dtype=torch.float16, reduce_dtype=torch.float32)
+    fp16, dtypes16 = _grads(x, scale, mp_policy=MP(param_dtype=torch.float16))
+    fp32r, dtypes32 = _grads(x, scale, mp_policy=MP(param_dtype=torch.float16, reduce_dtype=torch.float32))
     mesh = hybrid_mesh(runtime.init("gloo"), shard=2)
-    hybrid, _ = _grads(x, scale, param_dtype=torch.float16, sharding_strategy="hybrid_shard", mesh=mesh)
-    hybrid_ref, _ = _grads(x, scale, sharding_strategy="hybrid_shard", mesh=mesh)
+    hybrid, _ = _grads(x, scale, mp_policy=MP(param_dtype=torch.float16), mesh=mesh)
+    hybrid_ref, _ = _grads(x, scale, mesh=mesh)
     return {"plain_sum_max": summed.abs().max().item(), "local_max": max(p.grad.abs().max().item() for p in local.parameters()),
             "finite": all(torch.isfinite(t).all() for t in fp16 + hybrid),
             "fp16": _rel(fp16, ref), "fp32_reduce": _rel(fp32r, ref), "hybrid": _rel(hybrid, hybrid_ref),

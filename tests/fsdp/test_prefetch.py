@@ -1,5 +1,6 @@
-"""Prefetch: the next unit's all_gather is issued before the current unit computes, and it
-never keeps more than (current + max_inflight_all_gathers) units unsharded."""
+"""Prefetch, FSDP2's way: by default each unit issues the next unit's all_gather before it computes;
+explicit lists (FSDPUnit.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch, or
+prefetch_ahead by module order) replace that, and the units unsharded at once follow them."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import torch
 import torch.nn as nn
 
 from minidist import comm
-from minidist.fsdp import FSDP
+from minidist.fsdp import FSDP, prefetch_ahead
 from tests.common import MLP
 
 
-def _gathers_issued_at_each_forward(prefetch: bool, k: int) -> list[int]:
+def _gathers_issued_at_each_forward(setup) -> list[int]:
     torch.manual_seed(0)
-    model = FSDP(MLP(depth=5), wrap={nn.Linear}, forward_prefetch=prefetch, max_inflight_all_gathers=k)
+    model = FSDP(MLP(depth=5), wrap={nn.Linear})
+    setup(model.units)
     x = torch.randn(4, 13)
-    model(x).sum().backward()  # first step records the order
+    model(x).sum().backward()  # first step records the order (the default's)
     seen: list[int] = []
     with comm.trace() as tr:
         handles = [layer.register_forward_pre_hook(lambda *_: seen.append(
@@ -26,43 +28,52 @@ def _gathers_issued_at_each_forward(prefetch: bool, k: int) -> list[int]:
     return seen
 
 
+def _only_first_to_third(units) -> None:
+    prefetch_ahead(units, 0, 0)
+    units[1].set_modules_to_forward_prefetch([units[3]])
+
+
+SETUPS = {"off": lambda u: prefetch_ahead(u, 0, 0), "default": lambda u: None,
+          "two ahead": lambda u: prefetch_ahead(u, 2, 2), "first -> third": _only_first_to_third}
+
+
 def body_order() -> dict:
-    return {(p, k): _gathers_issued_at_each_forward(p, k) for p, k in ((False, 2), (True, 1), (True, 2))}
+    return {name: _gathers_issued_at_each_forward(setup) for name, setup in SETUPS.items()}
 
 
 def test_forward_prefetch_issues_ahead(run_dist):
     for seen in run_dist(2, body_order):
-        # when layer i computes, all_gathers issued so far: its own and those of up to k layers ahead
-        assert seen[(False, 2)] == [1, 2, 3, 4, 5], seen
-        assert seen[(True, 1)] == [2, 3, 4, 5, 5], seen
-        assert seen[(True, 2)] == [3, 4, 5, 5, 5], seen
+        # when layer i computes, all_gathers issued so far: its own and those its unit prefetched
+        assert seen["off"] == [1, 2, 3, 4, 5], seen
+        assert seen["default"] == [2, 3, 4, 5, 5], seen
+        assert seen["two ahead"] == [3, 4, 5, 5, 5], seen
+        assert seen["first -> third"] == [2, 3, 3, 4, 5], seen  # the third layer came early, nothing else
 
 
 def body_peak_unsharded() -> dict:
     """Peak count of units whose unsharded buffer is allocated, sampled at every allocation
     (the only moments the count grows), over a warm-up step and a prefetching step."""
     out = {}
-    configs = [(False, False, 2), (True, True, 0), (True, True, 1), (True, True, 2), (True, False, 2), (False, True, 2)]
-    for fwd, bwd, k in configs:
+    for ahead in (None, (0, 0), (1, 1), (2, 2), (2, 0), (0, 2)):
         torch.manual_seed(0)
-        model = FSDP(MLP(depth=6), wrap={nn.Linear}, forward_prefetch=fwd, backward_prefetch=bwd,
-                     max_inflight_all_gathers=k)
+        model = FSDP(MLP(depth=6), wrap={nn.Linear})
+        if ahead is not None:
+            prefetch_ahead(model.units, *ahead)
         x = torch.randn(4, 13)
-        model(x).sum().backward()  # first step: records the order, no prefetch
+        model(x).sum().backward()  # first step: records the order
         model._schedule.peak_live = 0
         model(x).sum().backward()
-        out[(fwd, bwd, k)] = model.peak_unsharded_units
+        out[ahead] = model.peak_unsharded_units
         assert not any(u.shards.is_allocated for u in model.units), "unsharded buffers alive after backward"
     return out
 
 
-def test_inflight_all_gathers_bounded(run_dist):
+def test_units_unsharded_at_once_follow_the_lists(run_dist):
     for peaks in run_dist(2, body_peak_unsharded):
         # The root of this MLP holds no parameters: only the Linear units count.
-        assert peaks[(False, False, 2)] == 1, peaks  # no prefetch: only the current unit
-        for k in (0, 1, 2):
-            assert peaks[(True, True, k)] == 1 + k, peaks  # bound reached, never exceeded
-        assert peaks[(True, False, 2)] == 3 and peaks[(False, True, 2)] == 3, peaks
+        assert peaks[None] == peaks[(1, 1)] == 2, peaks  # the default is one unit ahead
+        assert peaks[(0, 0)] == 1, peaks  # no prefetch: only the current unit
+        assert peaks[(2, 2)] == peaks[(2, 0)] == peaks[(0, 2)] == 3, peaks
 
 
 def body_last_unit_kept() -> dict:

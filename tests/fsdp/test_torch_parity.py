@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from minidist import comm, runtime
 from minidist.fsdp import FSDP
+from minidist.precision import MixedPrecisionPolicy as MP
 from minidist.mesh import REPLICATE, SHARD, hybrid_mesh
 from minidist.models.gpt import Block
 from tests.fsdp.helpers import make_batches, make_model, max_diff, train
@@ -53,16 +54,17 @@ def _ours(**kw):
 
 def body_parity() -> dict:
     ours32, _ = _ours()
-    ours16, dtypes = _ours(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    ours16r, dtypes16r = _ours(param_dtype=torch.bfloat16)  # reduce_dtype None: reduce in bf16 too
+    ours16, dtypes = _ours(mp_policy=MP(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    ours16r, dtypes16r = _ours(mp_policy=MP(param_dtype=torch.bfloat16))  # reduce_dtype None: reduce in bf16 too
     ref32 = _torch_fsdp()
     n = dist.get_world_size()
     return {"fp32": max_diff(ours32, ref32), "bf16": max_diff(ours16, _torch_fsdp(mp=True)),
             "bf16_vs_fp32": max_diff(ours16, ref32), "dtypes": dtypes,
             "bf16_reduce_vs_fp32_reduce": max_diff(ours16r, ours16), "dtypes_bf16_reduce": dtypes16r,
-            "shard_grad_op": max_diff(_ours(sharding_strategy="shard_grad_op")[0],
+            "shard_grad_op": max_diff(_ours(reshard_after_forward=False)[0],
                                       _torch_fsdp(reshard_after_forward=False)),
-            "no_shard": max_diff(_ours(sharding_strategy="no_shard")[0], _torch_fsdp(mesh_shape=(n, 1)))}
+            "no_shard": max_diff(_ours(mesh=hybrid_mesh(runtime.init("gloo"), shard=1))[0],
+                                 _torch_fsdp(mesh_shape=(n, 1)))}
 
 
 def test_matches_torch_fully_shard(run_dist):
@@ -77,7 +79,7 @@ def test_matches_torch_fully_shard(run_dist):
 
 
 def body_hybrid() -> float:
-    ours, _ = _ours(sharding_strategy="hybrid_shard", mesh=hybrid_mesh(runtime.init("gloo"), shard=2))
+    ours, _ = _ours(mesh=hybrid_mesh(runtime.init("gloo"), shard=2))
     return max_diff(ours, _torch_fsdp(mesh_shape=(2, 2)))
 
 

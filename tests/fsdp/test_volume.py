@@ -16,6 +16,7 @@ from minidist import comm
 from minidist.comm import kernel_io
 from minidist.fsdp import FSDP
 from tests.common import MLP
+from tests.fsdp.helpers import fsdp2_args
 
 
 def _padded_bytes(module: nn.Module, n: int) -> int:
@@ -30,7 +31,7 @@ def _step_bytes(model_fn, strategy: str, kernel: bool) -> dict:
     g = 1 if strategy == "no_shard" else n  # ranks that split each parameter: its padding unit
     last = [m for m in plain.modules() if isinstance(m, nn.Linear)][-1]  # these models end with a unit's forward
     s, s_last = _padded_bytes(plain, g), _padded_bytes(last, g)
-    model = FSDP(plain, wrap={nn.Linear}, sharding_strategy=strategy)
+    model = FSDP(plain, wrap={nn.Linear}, **fsdp2_args(strategy))
     x = torch.randn(4, plain[0].in_features)
     model(x).sum().backward()  # warm-up step: order recorded
     with comm.trace() as tr, (kernel_io.written() if kernel else _nothing()) as w:

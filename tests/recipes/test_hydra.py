@@ -32,8 +32,8 @@ def test_help_lists_groups_and_options(capsys):
     assert "strategy: ddp, full_shard, hybrid_shard, no_shard, shard_grad_op, single, zero1, zero1_broadcast, zero2" in out
     assert "experiment: gpt_tiny, main_gpu, resnet_cifar, resnet_synthetic" in out
     assert "schema" not in out  # the typed schemas' own groups are not choices
-    line = next(ln for ln in out.splitlines() if "strategy.forward_prefetch:" in ln)
-    assert "true" in line and "# Issue the next unit's all_gather" in line  # value and description
+    line = next(ln for ln in out.splitlines() if "strategy.prefetch:" in ln)
+    assert ": 1" in line and "# Units each unit all-gathers ahead of use" in line  # value and description
     assert "trainer.ckpt_interval: 100" in out and "--hydra-help" in out
 
 

@@ -38,8 +38,8 @@ def test_bad_wandb_mode_in_the_environment_is_one_line(monkeypatch):
 
 
 def test_experiments_compose():
-    tiny = compose_config(["experiment=gpt_tiny", "strategy=full_shard", "strategy.max_inflight_all_gathers=1"])
-    assert tiny.model.n_layer == 2 and tiny.strategy.max_inflight_all_gathers == 1
+    tiny = compose_config(["experiment=gpt_tiny", "strategy=full_shard", "strategy.prefetch=2"])
+    assert tiny.model.n_layer == 2 and tiny.strategy.prefetch == 2
     res = compose_config(["experiment=resnet_cifar"])
     assert (res.model.name, res.data.source, res.optim.name, res.trainer.precision.value) == \
         ("resnet18", "cifar10", "sgd", "bf16")
@@ -48,7 +48,7 @@ def test_experiments_compose():
 
 @pytest.mark.parametrize("override,expect", [
     ("strategy.bucket_cap=5", ["unknown key 'strategy.bucket_cap'", "bucket_cap_mb"]),
-    ("strategy=full_shard strategy.bucket_cap_mb=5", ["unknown key 'strategy.bucket_cap_mb'", "forward_prefetch"]),
+    ("strategy=full_shard strategy.bucket_cap_mb=5", ["unknown key 'strategy.bucket_cap_mb'", "prefetch"]),
     ("trainer.steps=many", ["trainer.steps", "many"]),
     ("trainer.precision=fp8", ["trainer.precision", "fp32", "bf16"]),
     ("strategy=zero3", ["strategy/zero3", "full_shard", "hybrid_shard", "zero1"]),

@@ -16,7 +16,7 @@ from minidist.sharding import Split, cut, join, shard_param, sharded_over
 from minidist.models import Block
 from minidist.train import compose_config
 from minidist.train.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
-from minidist.train.placement import global_norm
+from minidist import clip
 
 WHOLE = {"col": (6, 5), "row": (4, 6), "norm": (5,), "both": (8, 3)}
 """A column-parallel weight (split over tp along dim 0), a row-parallel one (dim 1), a replicated
@@ -44,6 +44,10 @@ def _hand_sharded(layout) -> nn.ParameterDict:
     shard_param(params["row"], TP, 1)
     shard_param(shard_param(params["both"], TP, 0), DP, None)
     return params
+
+
+def global_norm(params, layout, norm_type=2.0):
+    return clip.global_norm(clip.norm_groups((p, p.grad) for p in params), layout, layout.device, norm_type)
 
 
 def _norms() -> dict:
@@ -115,13 +119,13 @@ def test_every_strategy_clips_the_whole_models_norm(run_dist):
 
 def _fsdp_declarations() -> dict:
     from minidist import FSDP
-    from minidist.mesh import data_parallel_mesh
+    from minidist.mesh import data_parallel_mesh, hybrid_mesh
     topo = runtime.init("gloo")
     out = {}
-    for strategy in ("full_shard", "no_shard"):
+    for strategy, mesh in (("full_shard", data_parallel_mesh(topo)), ("no_shard", hybrid_mesh(topo, shard=1))):
         net = nn.Linear(4, 4)
         shard_param(net.weight, TP, 0)  # a tensor-parallel slice, declared before wrapping
-        model = FSDP(net, mesh=data_parallel_mesh(topo), sharding_strategy=strategy)
+        model = FSDP(net, mesh=mesh)
         out[strategy] = {n: sharded_over(p) for n, p in model.module.named_parameters()}
     model(torch.ones(2, 4)).sum().backward()
     try:  # FSDP's own clip sums over its shard group only: it cannot be right for a tp slice

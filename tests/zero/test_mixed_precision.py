@@ -52,7 +52,7 @@ def _vs_fp32() -> dict:
                 "param bytes": sum(b.flat_param.element_size() * b.flat_param.numel() for b in buckets),
                 "grad bytes": sum(b.grad_flat.element_size() * b.grad_flat.numel() for b in buckets
                                   if b.grad_flat is not None),
-                "padded": sum(b.layout.padded_numel for b in buckets),
+                "padded": sum(b.shards.padded_numel for b in buckets),
                 "master + state bytes": sum(t.numel() * 4 for t in masters) + sum(
                     v.numel() * v.element_size() for s in opt.state.values() for k, v in s.items() if k != "step"),
                 "local": sum(t.numel() for t in masters), "master dtype": {t.dtype for t in masters}}

@@ -49,7 +49,7 @@ def test_state_dict_round_trip(run_dist, world):
     for r in run_dist(world, _round_trip):
         assert r["round trip"] < 1e-7
         assert "sharded_state_dict() resumes at any" in r["other world"]
-        assert "the partition differs" in r["other layout"]
+        assert "the shards differ" in r["other layout"]
 
 
 def _save(kw: dict) -> dict:

@@ -1,6 +1,6 @@
-"""Where every piece of a parameter lives: the mesh FSDP works over, and each parameter's shard spec.
+"""Where every shard lives: the mesh FSDP works over (MeshInfo), and each parameter's ShardSpec.
 
-FSDP2's layout: each parameter is sharded on its own along dim 0. A parameter of R rows
+FSDP2's arrangement: each parameter is sharded on its own along dim 0. A parameter of R rows
 (dim 0; a 0-dim parameter counts as one row) and C elements per row, over a shard group of
 N ranks:
 
@@ -17,8 +17,9 @@ dim 0; Replicate(): a whole copy), and its storage and compute devices. The plac
 torch.distributed.tensor's own classes used as plain metadata: the tensors stay plain
 tensors (DTensor's dispatch would cost every optimizer op a Python detour on the CPU).
 
-MeshInfo is the same layout seen from the unit: the process groups it gathers and reduces
-over, this rank's place in each, the dimensions' names. CPUOffloadPolicy moves storage.
+MeshInfo is the same arrangement seen from the unit: the process groups it gathers and
+reduces over, this rank's place in each, the dimensions' names, read from the mesh as FSDP2
+reads it (resolve_mesh). CPUOffloadPolicy moves storage.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ class MeshInfo:
 
     shard: the ranks that split the parameters (shard_world 1 = no_shard; group None =
     the world). replicate: the ranks holding the same shard, whose gradient shards are
-    all_reduced (hybrid_shard's replicas, or every rank for no_shard; world 1 = none).
-    shard_dim / replicate_dim: the mesh dimensions' names (None where there is none).
+    all_reduced (HSDP's replicas, or every rank for no_shard; world 1 = none).
+    shard_dim / replicate_dim: the mesh dimensions' names (None where there is none, or
+    where the shard dimension has one rank: nothing is split then).
     """
 
     shard_group: dist.ProcessGroup | None
@@ -69,31 +71,31 @@ def _place(group) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def resolve_mesh(hybrid: bool, sharded: bool, mesh: DeviceMesh | None, process_group) -> MeshInfo:
-    """The groups of a strategy, read from the mesh by dimension NAME (minidist.mesh.SHARD, REPLICATE).
+def resolve_mesh(mesh: DeviceMesh | None, process_group) -> MeshInfo:
+    """The groups FSDP shards and replicates over, read from the mesh as FSDP2 reads it.
 
-    hybrid: shard within mesh[SHARD], replicate across mesh[REPLICATE]; both must exist (other
-    dimensions, such as tensor parallelism's, are not FSDP's). Otherwise FSDP spans one
-    dimension: a 1-D mesh (whatever its name), or the SHARD (or DP) dimension of a larger
-    one; `sharded` False (no_shard) makes that dimension the replicate one.
+    A 1-D mesh (whatever its name), a process group, or neither (the world): the parameters
+    are sharded over all of its ranks. A mesh with dimensions REPLICATE and SHARD
+    (minidist.mesh.hybrid_mesh; other dimensions, such as tensor parallelism's, are not
+    FSDP's): HSDP, sharded within mesh[SHARD] and replicated across mesh[REPLICATE]; a shard
+    dimension of one rank shards nothing, every rank replicates the whole model (no_shard,
+    as FSDP2 expresses it). A larger mesh without REPLICATE: its SHARD (or DP) dimension.
     """
     names = tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
-    if hybrid:
-        if mesh is None or SHARD not in names or REPLICATE not in names:
-            raise ValueError(f"hybrid_shard needs a mesh with dimensions {REPLICATE!r} and {SHARD!r}, got "
-                             f"{names or mesh}: mesh=minidist.mesh.hybrid_mesh(topo, shard=ranks_per_shard_group)")
+    if SHARD in names and REPLICATE in names:
         rep, shard = mesh[REPLICATE].get_group(), mesh[SHARD].get_group()
-        return MeshInfo(shard, *_place(shard), rep, *_place(rep), SHARD, REPLICATE)
+        (shard_world, shard_rank), replicas = _place(shard), _place(rep)
+        if shard_world == 1:  # replicated only: nothing is split over SHARD
+            return MeshInfo(None, 1, 0, rep, *replicas, None, REPLICATE)
+        return MeshInfo(shard, shard_world, shard_rank, rep, *replicas, SHARD, REPLICATE)
     dim = names[0] if len(names) == 1 else DP
     if mesh is not None and mesh.ndim > 1:
         dim = next((d for d in (SHARD, DP) if d in names), None)
-        if dim is None or REPLICATE in names:
-            raise ValueError(f"this sharding strategy spans one mesh dimension, got dimensions {names}: use "
-                             f"sharding_strategy='hybrid_shard' or pass one of them, e.g. mesh[{SHARD!r}]")
+        if dim is None:
+            raise ValueError(f"FSDP spans one mesh dimension, or {REPLICATE!r} x {SHARD!r} (HSDP), got dimensions "
+                             f"{names or 'without names'}: pass a 1-D mesh, or one from minidist.mesh.hybrid_mesh")
         mesh = mesh[dim]
     group = group_of("FSDP", process_group, mesh)
-    if not sharded:
-        return MeshInfo(None, 1, 0, group, *_place(group), None, dim)
     return MeshInfo(group, *_place(group), None, 1, 0, dim, None)
 
 
@@ -109,7 +111,7 @@ class CPUOffloadPolicy:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """One parameter's layout, as every sharded parameter carries it (`param.shard_spec`)."""
+    """Where one parameter's shards live, as every sharded parameter carries it (`param.shard_spec`)."""
 
     fqn: str
     global_shape: torch.Size

@@ -1,27 +1,26 @@
-"""The reducer: from "a gradient was accumulated" to "param.grad holds the average".
+"""The all_reduce reducer: from "a gradient was accumulated" to "param.grad holds the average".
 
-Follow one gradient:
+Used by minidist.DDP and by ZeRO's owner-broadcast variant (minidist.zero.owner_broadcast):
+every rank ends backward with the whole averaged gradient. Follow one gradient (the
+launcher's path, launcher.py):
 
 1. autograd accumulates into ``p.grad`` and runs ``p``'s post-accumulate-grad
-   hook (registered below) -> ``_on_grad_ready(i)``;
+   hook (launcher.hook_gradients) -> ``_on_grad_ready(i)``;
 2. ``_mark_ready(i)`` hands the gradient to its bucket and counts the bucket
    down: in place (p.grad itself, divided by N) or copied into its slot of the
    bucket's flat buffer (reduction.py: which, when, and why);
-3. when the count hits zero the bucket is FULL, and ``_launch_full_buckets``
-   hands every FULL bucket, in bucket order, to the comm hook (or the default
-   reduction), which starts async communication and returns a future.
-   Backward keeps running meanwhile;
+3. when the count hits zero the bucket is FULL, and the launcher hands every
+   FULL bucket, in bucket order, to the comm hook (or the default reduction),
+   which starts async communication and returns a future. Backward keeps
+   running meanwhile;
 4. at the end of backward the autograd engine runs ``_finalize_backward``
-   (queued with ``Variable._execution_engine.queue_callback`` by the first
-   hook of the backward): it completes unused parameters, waits on every
-   future in bucket order and, for flat buckets, copies each average into
-   ``p.grad`` (on this thread, as torch's reducer does in its
-   finalize_backward: no Python on the communication thread, reduction.py), so
-   when backward() returns every ``p.grad`` holds the average.
-
-Why launch strictly in bucket order: gloo and NCCL match collectives by the
-order in which each rank issues them. If rank 0 launched bucket 2 before
-bucket 1 and rank 1 the other way round, they would sum different buckets.
+   (queued by the first hook of the backward, launcher.queue_end_of_backward):
+   it completes unused parameters, waits on every future in bucket order and,
+   for flat buckets, copies each average into ``p.grad`` (on this thread, as
+   torch's reducer does in its finalize_backward: no Python on the
+   communication thread, reduction.py), so when backward() returns every
+   ``p.grad`` holds the average. Each future is dropped once waited on: nothing
+   of this step's reduction stays referenced after backward.
 
 The buckets are rebuilt once, in the order the first synced backward produced
 its gradients (ready_order.py).
@@ -44,19 +43,32 @@ backward, so that a parameter used on some rank only is averaged everywhere.
 from __future__ import annotations
 
 import enum
-import weakref
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import comm
-from minidist.ddp import reduction
-from minidist.ddp.bucket import Bucket, BucketState, ReducerPolicy, assign_buckets
-from minidist.ddp.comm_hooks import CommHook
-from minidist.ddp.mixed_precision import MixedPrecisionParams
-from minidist.ddp.ready_order import ReadyOrder
+from minidist.buckets import reduction
+from minidist.buckets.bucket import Bucket, BucketState
+from minidist.buckets.launcher import OrderedLauncher, hook_gradients, queue_end_of_backward
+from minidist.buckets.policy import ReducerPolicy, assign_buckets
+from minidist.buckets.ready_order import ReadyOrder
+from minidist.precision import MixedPrecisionPolicy
+
+CommHook = Callable[[Any, Bucket], torch.futures.Future]
+"""torch's DDP communication hook: hook(state, bucket) -> Future[Tensor] (minidist.ddp.comm_hooks)."""
+
+
+class MasterParams(Protocol):
+    """What the reducer asks of mixed precision's fp32 masters (minidist.ddp.mixed_precision.MixedPrecisionParams)."""
+
+    policy: MixedPrecisionPolicy
+
+    def use_masters(self) -> None: ...
+
+    def master_grad(self, p: nn.Parameter, result: torch.Tensor) -> None: ...
 
 
 class ReducerState(enum.Enum):
@@ -69,7 +81,7 @@ class Reducer:
     """Owns the buckets, the per-parameter hooks and the end-of-backward wait."""
 
     def __init__(self, params: list[nn.Parameter], names: list[str], policy: ReducerPolicy,
-                 process_group: dist.ProcessGroup | None = None, mixed: MixedPrecisionParams | None = None):
+                 process_group: dist.ProcessGroup | None = None, mixed: MasterParams | None = None):
         assert len(params) == len(set(map(id, params))), "parameters must be unique (tied weights once)"
         self.params = params
         self.names = names
@@ -94,12 +106,12 @@ class Reducer:
         self._ready = [False] * len(params)
         self._used = [False] * len(params)
         """Got a gradient since the last synced backward (no_sync iterations included)."""
-        self._next_launch = 0
+        self._launcher: OrderedLauncher[Bucket] = OrderedLauncher(
+            lambda b: b.state is BucketState.FULL, lambda b: b.launch(self.comm_hook(self.hook_state, b)))
         self._backwards_started = 0
         self._order = ReadyOrder(len(params))
         self._build(list(reversed(range(len(params)))))
-        ref = weakref.ref(self)  # hooks must not keep a discarded DDP alive
-        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(params)]
+        self._handles = hook_gradients(self, params, range(len(params)), Reducer._on_grad_ready)
 
     def remove_hooks(self) -> None:
         """Unhook every parameter (an engine that rebuilds its reducer over more parameters)."""
@@ -112,7 +124,7 @@ class Reducer:
         """(Re)create the buckets for parameters taken in `order` (indices into self.params)."""
         groups = assign_buckets([self.params[i] for i in order], self.policy.bucket_cap_bytes,
                                 self.policy.first_bucket_bytes, self.policy.last_bucket_bytes)
-        self.buckets = []
+        self.buckets = self._launcher.buckets = []
         self._slot = [(-1, -1)] * len(self.params)
         for b, members in enumerate(groups):
             ids = [order[k] for k in members]
@@ -164,14 +176,14 @@ class Reducer:
         self.state = ReducerState.ARMED if require_backward_grad_sync else ReducerState.LOCAL
 
     # ---------------------------------------------------------------- backward
-    def _on_grad_ready(self, i: int) -> None:
+    def _on_grad_ready(self, i: int, _param: nn.Parameter) -> None:
         self._used[i] = True
         if self.state is ReducerState.LOCAL:
             return  # no_sync: p.grad just accumulates locally
         if self.state is ReducerState.ARMED:
             self.state = ReducerState.REDUCING
             self._backwards_started += 1
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+            queue_end_of_backward(self._finalize_backward)
         self._mark_ready(i)
 
     def _mark_ready(self, i: int) -> None:
@@ -188,19 +200,12 @@ class Reducer:
         else:
             reduction.copy_into_flat(p, bucket, j, self._prescale, self.policy.gradient_as_bucket_view)
         if bucket.mark_ready():
-            self._launch_full_buckets()
-
-    def _launch_full_buckets(self) -> None:
-        """Launch every FULL bucket from the next one in order; stop at the first still FILLING."""
-        while self._next_launch < len(self.buckets) and self.buckets[self._next_launch].state is BucketState.FULL:
-            bucket = self.buckets[self._next_launch]
-            bucket.launch(self.comm_hook(self.hook_state, bucket))
-            self._next_launch += 1
+            self._launcher.launch_ready()
 
     def _finalize_backward(self, write_grads: bool = True) -> None:
         """End of backward: complete the unused, wait for every bucket, write the averages to p.grad."""
         try:
-            self._launch_full_buckets()  # a no-op unless shadow_backward filled them
+            self._launcher.launch_ready()  # a no-op unless shadow_backward filled them
             missing = [i for i, r in enumerate(self._ready) if not r]
             if missing and not self.policy.find_unused_parameters:
                 names = ", ".join(f"'{self.names[i]}'" for i in missing[:8]) + (" ..." if len(missing) > 8 else "")
@@ -241,7 +246,7 @@ class Reducer:
     def _reset_iteration(self) -> None:
         self._ready = [False] * len(self.params)
         self._used = [False] * len(self.params)
-        self._next_launch = 0
+        self._launcher.reset()
         self.state = ReducerState.ARMED  # until the next forward decides otherwise
 
     def shadow_backward(self) -> None:
@@ -294,10 +299,3 @@ class Reducer:
         """The coming average divides by d: pre-divide for the default hook, else rescale if d != N."""
         self._prescale, self._postscale = reduction.scales(self.comm_hook, self.world_size, d, self.reduce_dtype)
 
-
-def _make_hook(ref: weakref.ref, i: int):
-    def hook(_param: torch.Tensor) -> None:
-        reducer = ref()
-        if reducer is not None:
-            reducer._on_grad_ready(i)
-    return hook

@@ -1,10 +1,10 @@
-"""Bucket assignment and the bucket lifecycle, in one process."""
+"""Bucket assignment and the policy (minidist.buckets.policy), shared by DDP and ZeRO: in one process."""
 
 import pytest
 import torch
 import torch.nn as nn
 
-from minidist.ddp.bucket import Bucket, BucketState, MiB, ReducerPolicy, assign_buckets
+from minidist.buckets.policy import MiB, ReducerPolicy, assign_buckets
 
 
 def _p(n, dtype=torch.float32):
@@ -52,23 +52,7 @@ def test_small_last_bucket():
     assert assign_buckets(params, 10**6, 10**6, last_bucket_bytes=10**6) == [list(range(8))]
 
 
-def test_lifecycle_asserts_order():
-    b = Bucket(0, [_p(3), _p(4)], [0, 1], is_last=True)
-    assert b.flat.numel() == 7 and b.views[1].data_ptr() == b.flat[3:].data_ptr()
-    with pytest.raises(AssertionError):
-        b.launch(torch.futures.Future())  # not FULL yet
-    assert not b.mark_ready() and b.mark_ready() and b.state is BucketState.FULL
-    fut = torch.futures.Future()
-    b.launch(fut)
-    fut.set_result(torch.arange(7.0))
-    b.finish()
-    assert b.state is BucketState.REDUCED and b.views[1].tolist() == [3.0, 4.0, 5.0, 6.0]
-    b.reset()
-    assert b.state is BucketState.FILLING and b.pending == 2
-
-
 def test_small_first_bucket_only_by_default():
-    from minidist.ddp.bucket import ReducerPolicy
     default, explicit = ReducerPolicy(), ReducerPolicy(bucket_cap_mb=5)
     assert (default.first_bucket_bytes, default.bucket_cap_bytes) == (MiB, 25 * MiB), "torch's defaults"
     assert explicit.first_bucket_bytes == explicit.bucket_cap_bytes == 5 * MiB, "an explicit cap caps every bucket"

@@ -50,7 +50,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import comm
-from minidist.ddp.bucket import Bucket, ReducerPolicy
+from minidist.buckets.bucket import Bucket
+from minidist.buckets.policy import ReducerPolicy
 from minidist.precision import divide_factors
 
 IN_PLACE_MAX_BYTES = 32 * 2**20

@@ -1,12 +1,12 @@
-"""ZeRO as the paper wrote it: equal flat partitions, reduce_scatter, step on the partition, all_gather.
+"""ZeRO as the paper wrote it: equal flat shards, reduce_scatter, step on the shard, all_gather.
 
 One step, per rank (Rajbhandari et al. 2020, P_os = ZeRO-1 and P_os+g = ZeRO-2):
 
     backward   each bucket's gradient is reduce_scattered as soon as it is full  reduce_scatter.py
-               (S (N-1)/N bytes): this rank receives the average of its slice
-    step()     the wrapped optimizer updates this rank's slices only              sharded_optimizer.py
+               (S (N-1)/N bytes): this rank receives the average of its shard
+    step()     the wrapped optimizer updates this rank's shards only              sharded_optimizer.py
                (its state: K psi / N bytes)
-    after      one all_gather per bucket writes every slice into every rank's     all_gather.py
+    after      one all_gather per bucket writes every shard into every rank's     all_gather.py
                parameters (S (N-1)/N bytes)
 
 Bytes per rank and step: 2 S (N-1)/N, exactly DDP's all_reduce (an all_reduce *is*
@@ -18,15 +18,16 @@ a reduce_scatter followed by an all_gather; ZeRO runs the optimizer in between, 
 
 and under a MixedPrecisionPolicy(param_dtype=bf16) the paper's (2 + 2 + 12 / N) psi:
 2-byte parameters and gradients, 1/N of the fp32 master weights and Adam's moments; plus,
-which the paper does not count, the fp32 gradient of this rank's slice that the optimizer
+which the paper does not count, the fp32 gradient of this rank's shard that the optimizer
 steps on (4 psi / N; ZeRO-2 keeps only that one, not the 2-byte buffers). Measured against
 MemTracker in recipes/worked_numbers.py.
 
-The parameters are grouped into buckets (DDP's rules: minidist.ddp.bucket.assign_buckets,
-in reverse registration order, one parameter group, dtype and device per bucket), each
-bucket laid out flat and split in N equal slices (layout.py, bucket.py).
+The parameters are grouped into buckets (the rules DDP's buckets follow too:
+minidist.buckets.policy.assign_buckets, in reverse registration order, one parameter group,
+dtype and device per bucket), each bucket laid out flat and split in N equal shards
+(bucket_shards.py, bucket.py).
 
-Limits of flat partitions: the wrapped optimizer sees 1-D slices that cut across
+Limits of flat shards: the wrapped optimizer sees 1-D shards that cut across
 parameters, so it must be elementwise (SGD, Adam, AdamW, Adagrad, RMSprop, ...:
 every torch.optim optimizer but LBFGS and Adafactor's factored second moment); a
 parameter that got no gradient in a step is stepped with a zero gradient (weight
@@ -40,11 +41,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.ddp.bucket import ReducerPolicy, assign_buckets
+from minidist.buckets.policy import ReducerPolicy, assign_buckets
 from minidist.precision import MixedPrecisionPolicy, cast_floating
 from minidist.zero.all_gather import ParamGather
 from minidist.zero.bucket import ZeroBucket
-from minidist.zero.layout import BucketLayout, Piece
+from minidist.zero.bucket_shards import BucketShards, Piece
 from minidist.zero.reduce_scatter import GradientReducer
 
 
@@ -52,7 +53,7 @@ MAX_INFLIGHT_REDUCTIONS = 2
 """ZeRO-2: buckets whose gradient may be reduce_scattering at once (DeepSpeed double-buffers its bucket)."""
 
 
-class FlatPartitions:
+class FlatShards:
     """The paper's engine behind ShardedOptimizer (stage 1 or 2)."""
 
     def __init__(self, group: dist.ProcessGroup | None, stage: int, bucket_cap_mb: float | None,
@@ -70,7 +71,7 @@ class FlatPartitions:
 
     # ------------------------------------------------------------------ building
     def add_params(self, params: list[nn.Parameter], first_index: int, names: list[str]) -> list[torch.Tensor]:
-        """Bucket, flatten and partition `params` (one parameter group); return this rank's partitions."""
+        """Bucket, flatten and shard `params` (one parameter group); return this rank's shards."""
         order = list(reversed(range(len(params))))  # backward produces the last layers' gradients first
         groups = assign_buckets([params[i] for i in order], self.caps.bucket_cap_bytes,
                                 self.caps.first_bucket_bytes, self.caps.last_bucket_bytes)
@@ -78,9 +79,9 @@ class FlatPartitions:
         for members in groups:
             ids = [order[k] for k in members]
             ps = [params[i] for i in ids]
-            layout = BucketLayout(tuple(first_index + i for i in ids), tuple(p.numel() for p in ps), self.world)
+            shards = BucketShards(tuple(first_index + i for i in ids), tuple(p.numel() for p in ps), self.world)
             param_dtype = self.mp.param_dtype or ps[0].dtype
-            bucket = ZeroBucket(len(self.buckets), layout, ps, self.rank, self.group, param_dtype,
+            bucket = ZeroBucket(len(self.buckets), shards, ps, self.rank, self.group, param_dtype,
                                 self.mp.reduce_dtype_for(ps[0].dtype), keep_grads=self.stage == 1)
             self.buckets.append(bucket)
             self.reducer.add(bucket, [names[i] for i in ids])
@@ -111,7 +112,7 @@ class FlatPartitions:
         self.reducer.require_backward_grad_sync = value
 
     def before_step(self) -> None:
-        self.gather.wait_all()  # the previous step's gathers (overlap): the slices are written again now
+        self.gather.wait_all()  # the previous step's gathers (overlap): the shards are written again now
 
     def after_step(self) -> None:
         self.gather.launch(self.buckets)
@@ -126,19 +127,15 @@ class FlatPartitions:
             for p in bucket.params:
                 p.grad = None
 
-    def local_grads(self) -> tuple[list[torch.Tensor], bool]:
-        """(this rank's gradients, whether they are shards to be summed across ranks)."""
-        return [b.master.grad for b in self.buckets if b.master.grad is not None], True
-
     def grad_pieces(self) -> tuple[list[tuple[int, torch.Tensor]], bool]:
         """(parameter position, a view of its piece of this rank's averaged gradient) per piece; True: shards."""
-        return [(piece.param, b.master.grad[piece.slice_start:piece.slice_start + piece.numel])
-                for b in self.buckets if b.master.grad is not None for piece in b.layout.pieces(self.rank)], True
+        return [(piece.param, b.master.grad[piece.shard_start:piece.shard_start + piece.numel])
+                for b in self.buckets if b.master.grad is not None for piece in b.shards.pieces(self.rank)], True
 
     # ------------------------------------------------------------------ checkpoints
     def local_pieces(self) -> list[list[Piece]]:
-        """For each partition the inner optimizer steps (in its order): the parameter pieces it holds."""
-        return [b.layout.pieces(self.rank) for b in self.buckets]
+        """For each shard the inner optimizer steps (in its order): the parameter pieces it holds."""
+        return [b.shards.pieces(self.rank) for b in self.buckets]
 
     @property
     def separate_masters(self) -> bool:
@@ -149,8 +146,8 @@ class FlatPartitions:
             b.refresh_master()
 
     def signature(self) -> list:
-        return [(b.layout.param_ids, b.layout.numels) for b in self.buckets]
+        return [(b.shards.param_ids, b.shards.numels) for b in self.buckets]
 
     def buffer_numels(self) -> list[int]:
         """Elements per bucket (padded): what each reduce_scatter and all_gather moves."""
-        return [b.layout.padded_numel for b in self.buckets]
+        return [b.shards.padded_numel for b in self.buckets]

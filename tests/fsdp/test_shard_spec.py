@@ -1,4 +1,4 @@
-"""The per-parameter layout (minidist.fsdp.layout): every parameter sharded on its own along dim 0.
+"""The per-parameter layout (minidist.fsdp.shard_spec): every parameter sharded on its own along dim 0.
 
 At world 2, 3 and 4 on a GPT whose sizes the worlds do not divide: named_parameters() keeps the
 plain names; each rank's piece is exactly rows [r c, min((r + 1) c, R)) of the original
@@ -20,7 +20,7 @@ from torch.distributed.tensor import Replicate, Shard
 from minidist.fsdp import FSDP, CPUOffloadPolicy
 from minidist.mesh import DP, REPLICATE, SHARD
 from minidist.models.gpt import Block
-from tests.fsdp.helpers import loss_of, make_batches, make_model, max_diff, reference, train
+from tests.fsdp.helpers import fsdp2_args, loss_of, make_batches, make_model, max_diff, reference, train
 
 
 def _pieces(model: FSDP) -> dict:
@@ -53,7 +53,7 @@ def test_each_rank_holds_dim0_rows(run_dist):
 def body_mesh_by_name() -> dict:
     # (shard, replicate) instead of hybrid_mesh's (replicate, shard): the names decide, not the order
     swapped = init_device_mesh("cpu", (2, 2), mesh_dim_names=(SHARD, REPLICATE))
-    model = FSDP(make_model("gpt"), wrap={Block}, sharding_strategy="hybrid_shard", mesh=swapped)
+    model = FSDP(make_model("gpt"), wrap={Block}, mesh=swapped)
     shard_ranks = sorted(dist.get_process_group_ranks(model.mesh_info.shard_group))
     spec = next(model.parameters()).shard_spec
     train("gpt", model, make_batches("gpt"), shard=True)
@@ -61,7 +61,7 @@ def body_mesh_by_name() -> dict:
            "dims": (spec.mesh_dims, spec.placements),
            "diff": max_diff(model.full_state_dict(rank0_only=False), reference("gpt", 4))}
     try:
-        FSDP(make_model("gpt"), sharding_strategy="hybrid_shard", mesh=init_device_mesh("cpu", (2, 2)))
+        FSDP(make_model("gpt"), mesh=init_device_mesh("cpu", (2, 2)))
         out["unnamed"] = "no error"
     except ValueError as e:
         out["unnamed"] = str(e)
@@ -81,7 +81,7 @@ def body_offload() -> dict:
     for strategy in ("full_shard", "no_shard"):
         runs = {}
         for offload in (None, CPUOffloadPolicy()):
-            model = FSDP(make_model("gpt"), wrap={Block}, sharding_strategy=strategy, offload_policy=offload)
+            model = FSDP(make_model("gpt"), wrap={Block}, offload_policy=offload, **fsdp2_args(strategy))
             opt = train("gpt", model, make_batches("gpt"), shard=True)
             loss_of("gpt", model, *make_batches("gpt")[0]).backward()  # leave gradients to inspect
             runs[offload is not None] = model
