@@ -35,11 +35,12 @@ def _layouts() -> dict:
 
 def test_each_strategy_gets_its_layout_and_sub_mesh(run_dist):
     got = run_dist(2, _layouts)[0]
-    for name in ("ddp", "zero1", "full_shard", "no_shard"):
+    for name in ("ddp", "zero1", "full_shard"):
         assert (got[name]["names"], got[name]["shape"], got[name]["dp"]) == (("dp",), (2,), 2), (name, got[name])
-    assert got["ddp"]["fsdp"] is False and got["full_shard"]["fsdp"] == 2 and got["no_shard"]["fsdp"] is None
-    assert got["hybrid_shard"]["names"] == ("replicate", "shard") and got["hybrid_shard"]["shape"] == (2, 1)
-    assert got["hybrid_shard"]["fsdp"] == 1  # shard groups of 1 rank, two replicas
+    assert got["ddp"]["fsdp"] is False and got["full_shard"]["fsdp"] == 2
+    for name in ("no_shard", "hybrid_shard"):  # FSDP2's HSDP mesh; shards of one rank: nothing split (no group)
+        assert (got[name]["names"], got[name]["shape"], got[name]["dp"]) == (("replicate", "shard"), (2, 1), 2)
+        assert got[name]["fsdp"] is None, (name, got[name])
     errors = got["errors"]
     assert (got["full_shard tp"]["names"], got["full_shard tp"]["shape"]) == (("dp", "tp"), (1, 2))
     assert got["full_shard tp"]["fsdp"] == 1  # FSDP spans "dp" only: one rank here, tp takes the other
