@@ -1,12 +1,13 @@
-"""DDP's memory on one rank, instant by instant (the minidist.footprint interface).
+"""The all_reduce reducer's memory on one rank, instant by instant (the minidist.footprint interface).
 
     held(layout, world, policy=ReducerPolicy(), device_type="cpu")   # from sizes: list[Held]
-    live(ddp_model)                                                  # the buffers that exist now
+    live(reducer)                                                    # its buffers that exist now
 
-DDP replicates: every rank holds all psi parameters (p bytes each), all their gradients
-(p.grad, as the plain model has them) and the optimizer's state for all of them. What the
-reducer adds depends on how each bucket travels (reduction.py decides, and this module asks
-it the same question):
+Over a replicated model (DDP, and ZeRO's owner-broadcast variant): every rank holds all psi
+parameters (p bytes each), all their gradients (p.grad, as the plain model has them) and the
+optimizer's state (for all of them; ZeRO's variant: this rank's share). What the reducer adds
+depends on how each bucket travels (reduction.py decides, and this module asks it the same
+question):
 
   * in place (the default on the CPU): nothing. p.grad itself is divided and all_reduced.
   * through the bucket's flat buffer (accelerators, registered comm hooks,
@@ -14,17 +15,11 @@ it the same question):
     allocated at the first backward and kept for the run, one more copy of those gradients;
     with gradient_as_bucket_view p.grad *is* a view of it, so the gradients live there.
 
-Two more holders, outside DDP, counted as "other":
-
-  * comm.flight_recorder keeps the future of every async collective until this rank's next
-    collective finds it done, and in place a bucket's future holds its gradients. So the last
-    step's gradients outlive zero_grad() until the first bucket of the next backward launches:
-    through the forward and the backward of the units that fill bucket 0. All of them (an upper
-    bound: the recorder lets go of those already done when a later one was issued), except in a
-    world of one, where each is done before the next: the last bucket's;
-  * gloo packs a coalesced all_reduce into one flat buffer on its worker (the packed part of a
-    bucket reduced in place) while it runs: from the bucket's launch, counted to the end of
-    the backward (an upper bound: it may finish sooner).
+One more holder, outside the reducer, counted as "other": gloo packs a coalesced all_reduce
+into one flat buffer on its worker (the packed part of a bucket reduced in place) while it
+runs: from the bucket's launch, counted to the end of the backward (an upper bound: it may
+finish sooner). Nothing outlives the step: each bucket's future is dropped when waited on, and
+comm's flight recorder keeps metadata only, so zero_grad() frees the gradients whenever it runs.
 """
 
 from __future__ import annotations
@@ -98,33 +93,27 @@ def _fills_in(layout: ModelLayout, ids: list[int]) -> int:
 def held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",
          optimizer: OptimizerModel = OptimizerModel(), optimizer_pieces: list[int] | None = None,
          hook=reduction.allreduce_presummed, backend: str = "gloo", reducer: bool = True) -> list[Held]:
-    """DDP's holdings at every instant of a step (module docstring). optimizer_pieces: the elements
-    of each tensor this rank's optimizer updates (default every parameter; ZeRO-1 passes its share);
-    reducer=False: the plain model (no DDP), for comparison."""
+    """The holdings of a replicated model under the reducer at every instant of a step (module docstring).
+    optimizer_pieces: the elements of each tensor this rank's optimizer updates (default every
+    parameter; ZeRO's owner-broadcast variant passes its share); reducer=False: the plain model (no
+    DDP), for comparison."""
     p, psi = layout.itemsize, layout.psi
     pieces = list(layout.param_numels) if optimizer_pieces is None else optimizer_pieces
     plan = buckets(layout, policy, device_type, hook) if reducer else []
     nbytes = lambda ids: sum(layout.param_numels[i] for i in ids) * p  # noqa: E731
     flats = sum(nbytes(ids) for ids, in_place in plan if not in_place)
-    retained = sum(nbytes(ids) for ids, in_place in plan if in_place)
-    if world == 1 and plan:  # alone, every reduction is done by the next one's issue: only the last is held
-        retained = nbytes(plan[-1][0]) if plan[-1][1] else 0
-    first = _fills_in(layout, plan[0][0]) if plan else 0
     packed = [(_fills_in(layout, ids), sum(layout.param_numels[i] * p for i in ids
                                           if layout.param_numels[i] * p < reduction.SEPARATE_MIN_BYTES))
               for ids, in_place in plan if in_place and backend == "gloo"]
     as_view = policy.gradient_as_bucket_view and world > 1
     base = {"parameters": psi * p, "optimizer": optimizer.state_bytes(pieces, p), "buffers": flats}
     grads = () if as_view else None  # as bucket views, the gradients are the flat buffers
-    rows = [Held(At("forward"), base | {"other": retained}, grads, "forward (last step's gradients held)")]
+    rows = [Held(At("forward"), base | {"other": 0}, grads, "forward")]
     for u in range(layout.units):
         for stage in ((0, 1) if u == 0 else (0,)):
-            held_old = retained if (u == 0 and stage == 0) or (u > 0 and (first == 0 or u >= first)) else 0
             staged = sum(b for at, b in packed if at != 0 and (u == 0 and stage == 1 or 0 < u <= at))
-            other = max(held_old, staged) if u == first else held_old + staged  # bucket 0's launch ends the one
-            note = " (last step's gradients still held)" if other == held_old and held_old else \
-                " (gloo packing launched buckets)" if staged else ""  # and starts the other
-            rows.append(Held(At("backward", u, stage), base | {"other": other}, grads, "backward" + note))
+            note = " (gloo packing launched buckets)" if staged else ""
+            rows.append(Held(At("backward", u, stage), base | {"other": staged}, grads, "backward" + note))
     rows.append(Held(At("optimizer"), base | {"gradients": 0 if as_view else psi * p,
                                               "other": optimizer.temporaries(pieces, p)}, (), "optimizer step"))
     return rows

@@ -2,22 +2,25 @@
 
 What is kept: a ring buffer (a deque of CAPACITY entries, default 256) of
 Entry(seq, op, group, bytes, dtype, shape, async, issue/complete times, state,
-call site). `seq` counts the collectives issued on a group by this rank,
-from 1; since every rank issues the same collectives in the same order, #k
-names the same collective everywhere. The call site is the first frame outside
-minidist.comm (a file:line of the engine or the script). State moves
-ISSUED -> COMPLETED or ISSUED -> FAILED: a blocking call when it returns or
-raises; an async one when this rank sees its future done (see issued(); its
-completed_at is then an upper bound), a handle without a future (gloo's async
-reduce_scatter) at its wait().
+call site). Metadata only, as PyTorch's flight recorder: never a tensor, a
+Work handle or a future (a future holds its result tensor: kept, it would keep
+a bucket's gradients alive past zero_grad(), so an engine's peak memory would
+depend on when the recorder let go). `seq` counts the collectives issued on a
+group by this rank, from 1; since every rank issues the same collectives in
+the same order, #k names the same collective everywhere. The call site is the
+first frame outside minidist.comm (a file:line of the engine or the script).
+State moves ISSUED -> COMPLETED or ISSUED -> FAILED: a blocking call when it
+returns or raises; an async one when its future completes (a done-callback
+that stamps the time and the state and keeps nothing: issued()), a handle
+without a future (gloo's async reduce_scatter) at its wait().
 
 Cost (benchmarks/flight_recorder_overhead.py: world of one, gloo, 4 bytes, the
 recorder swapped in and out of _issue, on a loaded 2-core machine): about
 2 us per blocking collective (a dict look-up, a counter, a walk up 3 frames,
-a clock read, a small object in a deque) and 4-5 us per async one (its
-future, kept and polled). Under the ~5 us budget, so it is always on;
-set_enabled(False) (or MINIDIST_FLIGHT_RECORDER=0) stops recording, while
-sequence numbers still count (the fingerprint check needs them).
+a clock read, a small object in a deque) and a few more per async one (the
+done-callback, run by the backend's thread under the GIL). Small enough to be
+always on; set_enabled(False) (or MINIDIST_FLIGHT_RECORDER=0) stops recording,
+while sequence numbers still count (the fingerprint check needs them).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import enum
 import itertools
 import os
 import sys
-import threading
 import time
 
 import torch.distributed as dist
@@ -38,8 +40,6 @@ CAPACITY = 256
 ENABLED = os.environ.get("MINIDIST_FLIGHT_RECORDER", "1") != "0"
 _RING: collections.deque = collections.deque(maxlen=CAPACITY)
 _GROUPS: dict = {}  # ProcessGroup -> _Group (weak keys would cost; a finished group's record is small)
-_PENDING: collections.deque = collections.deque()  # (entry, future) of async collectives not yet seen done
-_LOCK = threading.Lock()  # popping _PENDING (collectives may be issued from several threads)
 _COMM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 WHO = {"rank": 0, "world_size": 1}  # as of the last group seen: reports may come after the group is destroyed
 
@@ -71,8 +71,8 @@ class Entry:
 
     __slots__ = ("seq", "op", "group", "numel", "dtype", "shape", "async_op", "issued_at", "completed_at",
                  "state", "site", "error", "reported")
-    # completed_at: blocking calls, when they returned; async ones, when this rank saw them done (at its
-    # next collective, or a report): an upper bound. comm.trace() times async work exactly.
+    # completed_at: blocking calls, when they returned; async ones, when their future completed (its
+    # done-callback), or for a handle without a future when wait() returned.
 
     def __init__(self, seq: int, op: str, group: _Group, tensor, numel: int, site: tuple[str, int]):
         self.seq, self.op, self.group, self.site = seq, op, group, site
@@ -91,7 +91,7 @@ class Entry:
             self.state = state
             if error is not None:
                 self.error = str(error).strip().split("\n", 1)[0]
-        else:  # settled twice: by a report's scan, then by the main thread's poll
+        else:  # settled twice: a failed call, then its handle's wait
             assert self.state is state, (self.state, state)
 
     def describe(self) -> str:
@@ -149,8 +149,6 @@ def issue(op: str, tensor, numel: int, group) -> Entry:
         info = _group(group)
     seq = info.last = next(info.counter)
     info.last_op = op
-    if _PENDING:
-        _settle_finished()
     entry = Entry(seq, op, info, tensor, numel, call_site())
     if ENABLED:
         _RING.append(entry)
@@ -160,11 +158,10 @@ def issue(op: str, tensor, numel: int, group) -> Entry:
 def issued(entry: Entry, work):
     """The backend call returned `work`; return the handle the caller should get back.
 
-    An async entry's future is kept until this rank sees it done: _settle_finished()
-    runs at every issue (from the oldest pending, stopping at the first still
-    running) and before every report or dump. Polling, not a done-callback: a
-    Python callback runs on the backend's thread, must take the GIL, and added
-    ~13 us to every async collective's wait(); a poll costs well under 1 us.
+    An async entry is settled by a done-callback on the work's future: it runs when
+    the collective completes (on the backend's thread; inline if it already has),
+    stamps the entry and returns, keeping neither the future nor its value. Nothing
+    here holds the handle: memory freed by the engine is freed.
     """
     if work is None:
         entry.finish(_COMPLETED)
@@ -175,29 +172,20 @@ def issued(entry: Entry, work):
     except RuntimeError:  # gloo's async reduce_scatter has no future: completion is seen at wait()
         return _WaitRecorded(work, entry)
     if ENABLED:
-        _PENDING.append((entry, future))
+        future.add_done_callback(_settler(entry))
     return work
 
 
-def _settle(entry: Entry, future) -> None:
-    try:
-        future.value()  # done: returns at once, or raises the collective's error
-    except Exception as exc:  # noqa: BLE001 - the work failed: record why
-        entry.finish(_FAILED, exc)
-    else:
-        entry.finish(_COMPLETED)
-
-
-def _settle_finished(every: bool = False) -> None:
-    """Mark async entries whose futures are done: the oldest ones (main thread), or `every` one (reports)."""
-    if every:
-        for entry, future in list(_PENDING):  # read-only: any thread may report
-            if future.done():
-                _settle(entry, future)
-        return
-    with _LOCK:
-        while _PENDING and _PENDING[0][1].done():
-            _settle(*_PENDING.popleft())
+def _settler(entry: Entry):
+    """A done-callback that records how `entry`'s collective ended; it holds the entry, nothing else."""
+    def settle(future) -> None:
+        try:
+            future.value()  # done: returns at once, or raises the collective's error
+        except Exception as exc:  # noqa: BLE001 - the work failed: record why
+            entry.finish(_FAILED, exc)
+        else:
+            entry.finish(_COMPLETED)
+    return settle
 
 
 class _WaitRecorded:
@@ -237,7 +225,6 @@ def _progress_snapshot() -> dict[str, tuple[int, str]]:
 
 def oldest_unfinished() -> Entry | None:
     """The first failed entry not reported yet, else the oldest one in flight: what the others wait for."""
-    _settle_finished(every=True)
     entries = list(_RING)
     failed = [e for e in entries if e.state is _FAILED and not e.reported]
     if failed:
@@ -254,6 +241,5 @@ def set_enabled(on: bool, capacity: int = CAPACITY) -> None:
 
 
 def entries() -> list[Entry]:
-    """The recorded entries, oldest first (a copy), async ones settled if their work is done."""
-    _settle_finished(every=True)
+    """The recorded entries, oldest first (a copy)."""
     return list(_RING)

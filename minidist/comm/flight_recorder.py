@@ -7,8 +7,9 @@ collective, not its sequence number, not who is missing. PyTorch's answer, the
 NCCL flight recorder, covers NCCL only; this one sits in
 minidist.comm.collectives._issue, so it sees every collective on every backend.
 
-What is kept, and what it costs (about 2 us per blocking collective, 4-5 us
-per async one): collective_log.py.
+What is kept (metadata only: never a tensor, a handle or a future) and what it
+costs (about 2 us per blocking collective, a few more per async one):
+collective_log.py.
 
 When it speaks (each time also dumping this rank's entries as JSON to
 <run_dir>/flight_rank{r}.json, once install_dump_handlers(run_dir) was called):

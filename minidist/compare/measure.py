@@ -47,7 +47,7 @@ from minidist.compare.memory import MemoryLedger, roles_of
 from minidist.mesh import DP, TP, Layout, data_parallel_mesh
 from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
-from minidist.train.placement import dims_of
+from minidist.clip import dims_of
 from minidist.train.parallelize import build_layout, build_optimizer, optimizer_class, parallelize, precision_policy
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task

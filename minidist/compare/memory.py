@@ -15,9 +15,9 @@ the bytes *are*. What a strategy changes is which tensors exist, so that is what
     so the buffers they are handed are seen, and tagged "communication buffer";
   * UntypedStorage.resize_ is not an operator: it is wrapped while the ledger is active,
     because FSDP allocates and frees its unsharded parameters exactly so;
-  * storages that exist before the step (parameters, optimizer state, engine buffers, tensors
-    comm's flight recorder still holds) are registered up front, read from the engines' own
-    live() (minidist.footprint) without allocating anything;
+  * storages that exist before the step (parameters, optimizer state, engine buffers) are
+    registered up front, read from the engines' own live() (minidist.footprint) without
+    allocating anything;
   * tensors autograd saves for backward are seen by saved_tensors_hooks: those are the
     activations.
 
@@ -214,9 +214,9 @@ def roles_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RoleSo
 
     Engine tensors come from each engine's own live() (minidist.footprint): DDP's flat buffers
     only where they exist, FSDP's unsharded buffers, gathers and reductions in flight, ZeRO's
-    flat parameters, gradient buffers and partitions. Reading them allocates nothing (a DDP
-    bucket's `flat` property would). "other" also names what comm's flight recorder keeps
-    alive: the values of finished async collectives it has not yet let go.
+    flat parameters, gradient buffers and shards. Reading them allocates nothing (a DDP
+    bucket's `flat` property would). comm's flight recorder and trace keep no tensor: nothing
+    of theirs to name.
     """
     from minidist.ddp import footprint as ddp_footprint
     from minidist.fsdp import footprint as fsdp_footprint
@@ -230,20 +230,7 @@ def roles_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> RoleSo
             for role, tensors in live.items():
                 out[role] += tensors
         out["optimizer"] += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-        out["other"] += _flight_recorder_values()
         return {"buffers": out["buffers"], "parameters": out["parameters"], "gradients": out["gradients"],
                 "optimizer": out["optimizer"], "other": out["other"]}
     return roles
 
-
-def _flight_recorder_values() -> list[torch.Tensor]:
-    """Tensors held by finished futures comm's flight recorder keeps until this rank's next collective."""
-    from minidist.comm import collective_log
-    out = []
-    for _, future in list(collective_log._PENDING):
-        if future.done():
-            try:
-                out += [t for t in tree_leaves(future.value()) if isinstance(t, torch.Tensor)]
-            except Exception:  # noqa: BLE001 - a failed collective holds no value
-                pass
-    return out

@@ -62,9 +62,9 @@ class ParamInfo:
 def free_storage(tensor: torch.Tensor) -> None:
     """Release a buffer's memory now, whoever still holds the tensor object (FSDP2's free_storage).
 
-    For buffers whose collective is complete: a Work handle or future kept elsewhere (the flight
-    recorder keeps finished collectives' futures until it next looks) would otherwise keep S_unit
-    bytes alive past their last use, by a margin that depends on timing.
+    For buffers whose collective is complete: the Work handle (gloo's keeps its input and output
+    tensors until the handle is destroyed) would otherwise keep S_unit bytes alive past their
+    last use, until the handle object goes.
     """
     if tensor.untyped_storage().nbytes():
         tensor.untyped_storage().resize_(0)

@@ -34,8 +34,8 @@ The owner-broadcast variant is the all_reduce reducer (minidist.buckets.footprin
 this rank's share only (the rank with the largest share sets the peak). After the update every
 share travels from its owner: all N broadcasts are launched at once, into a flat buffer each
 (the owner's own: a copy of its parameters; the others: scratch), so p psi of buffers exist
-together until the copies back end. Their futures hold those buffers until this rank's next
-collective (comm.flight_recorder, see the DDP footprint): through the next forward, in "other".
+together until the copies back end; then nothing holds them (comm's flight recorder keeps
+metadata only).
 """
 
 from __future__ import annotations
@@ -121,19 +121,13 @@ def held_broadcast(layout: ModelLayout, world: int, *, policy: ReducerPolicy = R
     """The owner-broadcast variant's holdings at every instant (module docstring)."""
     mine = max(owner_shares(layout.param_numels, world), key=sum)
     rows = reducer_footprint.held(layout, world, policy=policy, device_type=device_type, optimizer=optimizer,
-                              optimizer_pieces=mine, backend=backend)
+                                  optimizer_pieces=mine, backend=backend)
     if world == 1:
         return rows
-    flats = layout.psi * layout.itemsize
-    out = []
-    for h in rows:
-        if h.at.phase in ("forward", "backward") and h.bytes.get("other"):
-            h = Held(h.at, h.bytes | {"other": flats}, h.plain_grads, h.note.replace("gradients", "broadcast buffers"))
-        out.append(h)
     last = rows[-1]  # the update; then the broadcasts, its temporaries gone
-    out.append(Held(At("optimizer", stage=1), last.bytes | {"buffers": last.bytes["buffers"] + flats, "other": 0},
-                    (), "after the update: every share's broadcast buffer"))
-    return out
+    flats = last.bytes["buffers"] + layout.psi * layout.itemsize
+    return rows + [Held(At("optimizer", stage=1), last.bytes | {"buffers": flats, "other": 0}, (),
+                        "after the update: every share's broadcast buffer")]
 
 
 def live(optimizer) -> dict[str, list[torch.Tensor]]:

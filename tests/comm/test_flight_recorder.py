@@ -1,11 +1,13 @@
-"""The flight recorder: what it keeps per collective, what it publishes for its peers,
-and the one line a skipped collective produces within the timeout (two real gloo worlds)."""
+"""The flight recorder: what it keeps per collective (metadata, never a tensor), what it publishes for
+its peers, and the one line a skipped collective produces within the timeout (two real gloo worlds)."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -71,6 +73,30 @@ def test_records_publishes_and_dumps(run_dist, tmp_path):
                             f"names where)",
                             "every rank reached it (one died, or the network failed, inside it?)"], verdicts
         assert kept == list(range(seq + 1, seq + 7))[-4:], "the ring keeps the last `capacity` collectives"
+
+
+def _keeps_no_tensor() -> dict:
+    """An async collective's tensors die with the caller's last reference, recorder on, traced or not;
+    its entry completes by itself (no later collective needed to settle it)."""
+    out = {}
+    for traced in (False, True):
+        with comm.trace() if traced else contextlib.nullcontext():
+            for kind in ("work", "future"):
+                x = torch.ones(1 << 16)
+                alive = weakref.ref(x)
+                work = comm.all_reduce(x, async_op=True)
+                (work.get_future() if kind == "future" else work).wait()
+                entry = fr.entries()[-1]
+                out[traced, kind, "settled"] = _wait_until(lambda: entry.state is fr.State.COMPLETED, 2.0)
+                del work, x  # (the done-callback may still be running on gloo's thread for a moment)
+                out[traced, kind, "freed"] = _wait_until(lambda: alive() is None, 2.0)
+    dist.barrier()
+    return out
+
+
+def test_the_recorder_and_the_trace_keep_no_tensor(run_dist):
+    for out in run_dist(2, _keeps_no_tensor):
+        assert all(out.values()), out
 
 
 def test_on_error_leaves_other_errors_alone():
