@@ -19,8 +19,10 @@ launcher's path, launcher.py):
    for flat buckets, copies each average into ``p.grad`` (on this thread, as
    torch's reducer does in its finalize_backward: no Python on the
    communication thread, reduction.py), so when backward() returns every
-   ``p.grad`` holds the average. Each future is dropped once waited on: nothing
-   of this step's reduction stays referenced after backward.
+   ``p.grad`` holds the average. Each future is dropped once waited on, and for
+   buckets reduced in place it waits until gloo's worker has let go of the
+   gradients it was handed (minidist.comm.release): after backward nothing but
+   ``p.grad`` refers to them, so zero_grad() frees them, on this thread.
 
 The buckets are rebuilt once, in the order the first synced backward produced
 its gradients (ready_order.py).
@@ -106,8 +108,9 @@ class Reducer:
         self._ready = [False] * len(params)
         self._used = [False] * len(params)
         """Got a gradient since the last synced backward (no_sync iterations included)."""
-        self._launcher: OrderedLauncher[Bucket] = OrderedLauncher(
-            lambda b: b.state is BucketState.FULL, lambda b: b.launch(self.comm_hook(self.hook_state, b)))
+        self._launcher: OrderedLauncher[Bucket] = OrderedLauncher(lambda b: b.state is BucketState.FULL, self._launch)
+        self._handed: list[comm.Handed] = []
+        """The gradients of this backward's in-place buckets, handed to the backend (released at the end)."""
         self._backwards_started = 0
         self._order = ReadyOrder(len(params))
         self._build(list(reversed(range(len(params)))))
@@ -202,6 +205,12 @@ class Reducer:
         if bucket.mark_ready():
             self._launcher.launch_ready()
 
+    def _launch(self, bucket: Bucket) -> None:
+        """Start one FULL bucket's reduction through the hook (the launcher calls it in bucket order)."""
+        if bucket.in_place:  # p.grad itself goes to the backend: note who refers to it now
+            self._handed.append(comm.Handed(bucket.grads))
+        bucket.launch(self.comm_hook(self.hook_state, bucket))
+
     def _finalize_backward(self, write_grads: bool = True) -> None:
         """End of backward: complete the unused, wait for every bucket, write the averages to p.grad."""
         try:
@@ -236,6 +245,8 @@ class Reducer:
                                                  self.policy.gradient_as_bucket_view)
             for bucket in self.buckets:
                 bucket.reset()
+            for handed in self._handed:  # the backend's worker lets go: p.grad holds the last reference
+                handed.wait_released()
             self._order.backward_done()
         except BaseException:
             self._abandon()  # wait out launched work, so the next iteration starts clean
@@ -247,6 +258,7 @@ class Reducer:
         self._ready = [False] * len(self.params)
         self._used = [False] * len(self.params)
         self._launcher.reset()
+        self._handed = []
         self.state = ReducerState.ARMED  # until the next forward decides otherwise
 
     def shadow_backward(self) -> None:

@@ -33,6 +33,7 @@ from minidist.comm.collectives import (
     scatter,
 )
 from minidist.comm import flight_recorder, kernel_io
+from minidist.comm.release import Handed
 from minidist.comm.replicate import broadcast_tensors
 from minidist.comm.cost import CostModel, calibrate
 from minidist.comm.fingerprint import CollectiveMismatchError, set_debug
@@ -42,7 +43,7 @@ from minidist.comm.trace import Record, Trace, collect_all, hidden_share, ring_b
 
 __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
-    "broadcast_tensors",
+    "broadcast_tensors", "Handed",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "hidden_share", "collect_all", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
     "flight_recorder", "kernel_io", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",

@@ -24,12 +24,13 @@ the instrument, both stated where numbers are printed:
   * a free of memory allocated before the session is not reported (torch logs a warning):
     so nothing allocated before the session may die inside it (call gc.collect() first);
   * a free on a thread it does not follow is not reported either, so a tensor whose last
-    reference dies there (gloo's worker after its work returned, a race with the caller) stays
-    counted: the instrument can over-count, rarely, by a tensor.
+    reference dies there stays counted until its address is allocated again. minidist's
+    engines wait for gloo's worker to let go of what a collective was handed before they
+    return it (minidist.comm.release), so their tensors die on the main thread.
 
-Two steps of one run can peak differently for real: what comm's flight recorder still holds of
-the last step's collectives depends on which had finished when the next was issued. `bytes` is
-the highest window peak, the memory a run must have room for; `peaks` has each.
+Two steps of one run can peak differently (an allocation order that timing decides); comm's
+own bookkeeping keeps no tensor. `bytes` is the highest window peak, the memory a run must
+have room for; `peaks` has each.
 
 Kineto, the profiler's backend, prints its own log lines on a CUDA build without a GPU;
 KINETO_LOG_LEVEL (unless the user set it) keeps it quiet.
@@ -119,6 +120,9 @@ def _cpu_peaks(events: list[tuple[int, int, int]], windows: list[tuple[int, int]
 
     A free counts only if its block was allocated inside the session (matched by address):
     the reporter keeps blocks of earlier sessions in its table and would report their frees.
+    An allocation at an address still live here means its block was freed where the profiler
+    does not look (another thread): the old block stops counting then, rather than staying
+    counted for the rest of the session.
     """
     live: dict[int, int] = {}
     total, at_start = 0, None
@@ -130,8 +134,8 @@ def _cpu_peaks(events: list[tuple[int, int, int]], windows: list[tuple[int, int]
             if peaks[k] is None and t >= a:
                 peaks[k] = total  # live when the window opened
         if nbytes > 0:
+            total += nbytes - live.get(ptr, 0)  # an address in use again: its block was freed unseen
             live[ptr] = nbytes
-            total += nbytes
         else:
             total -= live.pop(ptr, 0)
         for k, (a, b) in enumerate(windows):

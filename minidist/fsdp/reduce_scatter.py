@@ -17,7 +17,8 @@ than the input).
 
 A GradReduction owns its buffers: the (N S_local,) input, S_unit bytes, is dropped as
 soon as the reduce_scatter is known complete (advance()); the output until wait() hands
-it over. Stages only move forward: REDUCE_SCATTER -> ALL_REDUCE -> DONE, skipping what
+it over, once the backend's worker has let go of it (minidist.comm.release: the sharded
+gradients are views of it, and zero_grad() must be what frees them). Stages only move forward: REDUCE_SCATTER -> ALL_REDUCE -> DONE, skipping what
 the mesh does not need. On gloo the collectives are async Work handles and the replica
 all_reduce starts once the reduce_scatter has landed (gloo orders nothing across
 groups). On a GPU both are queued at once on their own streams (the all_reduce after
@@ -60,10 +61,12 @@ class GradReduction:
             if mesh.shard_world > 1:
                 self._input: torch.Tensor | None = grads
                 self._output = grads.new_empty(shards.local_numel)
+                self._handed = comm.Handed([self._output])
                 self._work = comm.reduce_scatter(self._output, grads, comm.ReduceOp.SUM, group=mesh.shard_group,
                                                  async_op=streams.async_op)
             else:  # no_shard (or a world of one): the whole gradient is the shard
                 self._input, self._output = None, grads
+                self._handed = comm.Handed([grads])
             self._rs_event = streams.record(streams.reduce_scatter)
         self.stage = ReductionStage.REDUCE_SCATTER if self._input is not None else ReductionStage.ALL_REDUCE
         if self._input is None or streams.cuda:  # nothing to wait for first, or stream-ordered
@@ -122,6 +125,8 @@ class GradReduction:
             self.stage = ReductionStage.DONE
         assert self.stage is ReductionStage.DONE and self._output is not None, f"wait() of a {self.stage} reduction"
         self._streams.wait(self._rs_event)
+        if not self._streams.cuda:
+            self._handed.wait_released()
         out, self._output = self._output, None
         out = out.to(self._shards.dtype)
         if self._post != 1:

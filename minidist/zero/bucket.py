@@ -110,6 +110,8 @@ class ZeroBucket:
         self._grad_in_place = False
         """master.grad is this rank's shard of grad_flat (ZeRO-1's in-place reduce_scatter)."""
         self._work = None
+        self._handed: comm.Handed | None = None
+        """grad_flat and the shard while the reduce_scatter may refer to them (minidist.comm.release)."""
         self._gather = None
 
     @property
@@ -172,6 +174,7 @@ class ZeroBucket:
         self._out = self.grad_flat[lo:hi] if in_place else torch.empty(
             hi - lo, dtype=self.reduce_dtype, device=self.grad_flat.device)
         self._grad_in_place = in_place
+        self._handed = comm.Handed([self.grad_flat, self._out])  # released before finish() hands them on
         self._work = comm.reduce_scatter(self._out, self.grad_flat, group=self.group, async_op=True)
         self.grad_state = GradState.REDUCING
 
@@ -182,7 +185,9 @@ class ZeroBucket:
         """Wait for the reduce_scatter; the averaged shard of the gradient goes to master.grad (fp32)."""
         assert self.grad_state is GradState.REDUCING, f"bucket {self.index}: finish while {self.grad_state.name}"
         self._work.wait()
-        out, self._out, self._work = self._out, None, None
+        self._work = None
+        self._handed.wait_released()  # the backend's worker no longer refers to grad_flat or the shard
+        out, self._out, self._handed = self._out, None, None
         if self.master.grad is None or self._grad_in_place:
             grad = out if out.dtype == self.master_dtype else out.to(self.master_dtype)
             if self.post_divide != 1.0:
@@ -214,7 +219,7 @@ class ZeroBucket:
                 self._work.wait()
             except Exception:  # noqa: BLE001 - the error being raised already says what failed
                 pass
-        self._work = self._out = None
+        self._work = self._out = self._handed = None
         self.grad_state = GradState.EMPTY
         self.zero_grad()
 

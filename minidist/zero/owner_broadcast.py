@@ -83,21 +83,27 @@ class OwnerBroadcast:
 
     @torch.no_grad()
     def _broadcast_shares(self) -> None:
+        """Each owner's updated share to every rank (one flat buffer per owner and dtype): all launched,
+        then waited; the buffers die on this thread, once gloo's worker let go (minidist.comm.release)."""
         plan: dict[tuple, list[nn.Parameter]] = {}
         for p, r in zip(self.params, self.owner):
             plan.setdefault((r, p.dtype, p.device), []).append(p)
-        launched = []
+        launched, handed = [], []
         for (src, _, _), ps in sorted(plan.items(), key=lambda kv: kv[0][0]):  # launch all, then wait
             if src == self.rank:  # the owner sends its freshly updated share ...
                 flat = torch.cat([p.detach().reshape(-1) for p in ps])
             else:  # ... everyone else receives it into staging space
                 flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+            handed.append(comm.Handed([flat]))
             launched.append((src, flat, ps, comm.broadcast(flat, group=self.group, group_src=src, async_op=True)))
         for src, flat, ps, work in launched:
             work.wait()
             if src != self.rank:
                 torch._foreach_copy_([p.detach() for p in ps], [t.view_as(p) for t, p in
                                                                  zip(flat.split([p.numel() for p in ps]), ps)])
+        del launched, flat, work  # then the staging buffers die here, once gloo's worker let go of them
+        for h in handed:
+            h.wait_released()
 
     def wait_for_params(self) -> None:
         """The broadcasts are waited for inside step()."""
