@@ -108,14 +108,14 @@ def probe_engine(engine: str, model, opt, probe: Probe) -> Callable[[], None]:
     instance attributes that go with the objects."""
     if engine == "ddp":
         red = model.reducer
-        probe.wrap(red, "_on_grad_ready", "hook", lambda i: red.names[i])
+        probe.wrap(red, "_on_grad_ready", "hook", lambda i, _param: red.names[i])
         for k, b in enumerate(red.buckets):  # Bucket.launch takes the future of the all_reduce just issued
             probe.wrap(b, "launch", "launch", lambda _future, k=k: f"bucket {k}")
         probe.wrap(red, "_finalize_backward", "callback", lambda *a, **k: "end of backward")
         return lambda: None
     if engine == "zero":
         eng, names = opt.engine, {id(p): n for n, p in model.named_parameters()}
-        probe.wrap(eng.reducer, "_on_grad", "hook", lambda b, j, p: names[id(p)])
+        probe.wrap(eng.reducer, "_on_grad", "hook", lambda _key, p: names[id(p)])
         for b in eng.buckets:
             probe.wrap(b, "launch", "launch", lambda b=b: f"bucket {b.index}")
         probe.wrap(eng.reducer, "_end_backward", "callback", lambda: "end of backward")

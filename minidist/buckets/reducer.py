@@ -5,7 +5,7 @@ every rank ends backward with the whole averaged gradient. Follow one gradient (
 launcher's path, launcher.py):
 
 1. autograd accumulates into ``p.grad`` and runs ``p``'s post-accumulate-grad
-   hook (launcher.hook_gradients) -> ``_on_grad_ready(i)``;
+   hook (launcher.hook_gradients) -> ``_on_grad_ready(i, p)``;
 2. ``_mark_ready(i)`` hands the gradient to its bucket and counts the bucket
    down: in place (p.grad itself, divided by N) or copied into its slot of the
    bucket's flat buffer (reduction.py: which, when, and why);
@@ -114,7 +114,7 @@ class Reducer:
         self._backwards_started = 0
         self._order = ReadyOrder(len(params))
         self._build(list(reversed(range(len(params)))))
-        self._handles = hook_gradients(self, params, range(len(params)), Reducer._on_grad_ready)
+        self._handles = hook_gradients(self, params, range(len(params)), lambda r, i, p: r._on_grad_ready(i, p))
 
     def remove_hooks(self) -> None:
         """Unhook every parameter (an engine that rebuilds its reducer over more parameters)."""

@@ -81,7 +81,7 @@ class GradientReducer:
         self.buckets.append(bucket)
         self.names.append(names)
         keys = [(bucket.index, j) for j in range(len(bucket.params))]
-        self._handles += hook_gradients(self, bucket.params, keys, GradientReducer._on_grad)
+        self._handles += hook_gradients(self, bucket.params, keys, lambda r, key, p: r._on_grad(key, p))
 
     def remove_hooks(self) -> None:
         for h in self._handles:
