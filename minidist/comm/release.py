@@ -23,7 +23,9 @@ the backend's. Bounded by RELEASE_TIMEOUT_S: a reference taken meanwhile by some
 (a view made by a hook) would never go; the wait then gives up and the memory behaves as
 before. Cost: a read of one integer per tensor, and usually no wait at all (the worker drops
 the Work microseconds after completing its future); at most the time the worker needs to be
-scheduled again.
+scheduled again. Host tensors only: on an accelerator a finished collective's tensors are kept
+by the stream machinery (NCCL's work record) and given back to the caching allocator, whose
+statistics see every free; there is nothing to wait for.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Handed:
     """Tensors about to be handed to an async collective, and their reference counts before."""
 
     def __init__(self, tensors: Iterable[torch.Tensor]):
-        self.tensors = list(tensors)
+        self.tensors = [t for t in tensors if t.device.type == "cpu"]
         self.counts = [t._use_count() for t in self.tensors]
 
     def released(self) -> bool:

@@ -125,8 +125,7 @@ class GradReduction:
             self.stage = ReductionStage.DONE
         assert self.stage is ReductionStage.DONE and self._output is not None, f"wait() of a {self.stage} reduction"
         self._streams.wait(self._rs_event)
-        if not self._streams.cuda:
-            self._handed.wait_released()
+        self._handed.wait_released()
         out, self._output = self._output, None
         out = out.to(self._shards.dtype)
         if self._post != 1:
