@@ -15,12 +15,15 @@ that stamps the time and the state and keeps nothing: issued()), a handle
 without a future (gloo's async reduce_scatter) at its wait().
 
 Cost (benchmarks/flight_recorder_overhead.py: world of one, gloo, 4 bytes, the
-recorder swapped in and out of _issue, on a loaded 2-core machine): about
-2 us per blocking collective (a dict look-up, a counter, a walk up 3 frames,
-a clock read, a small object in a deque) and a few more per async one (the
-done-callback, run by the backend's thread under the GIL). Small enough to be
-always on; set_enabled(False) (or MINIDIST_FLIGHT_RECORDER=0) stops recording,
-while sequence numbers still count (the fingerprint check needs them).
+recorder swapped in and out of _issue, 2-core machine, quiet): about 2 us per
+blocking collective (a dict look-up, a counter, a walk up 3 frames, a clock
+read, a small object in a deque) and about 10 us per async one with its wait
+(the done-callback: the backend's thread takes the GIL to run it; keeping and
+polling the future instead cost about 9 us, and kept its tensors alive). Under
+load the callback waits longer for the GIL (+47 us measured at a load of 3;
+the step-time benchmarks did not move). Small enough to be always on;
+set_enabled(False) (or MINIDIST_FLIGHT_RECORDER=0) stops recording, while
+sequence numbers still count (the fingerprint check needs them).
 """
 
 from __future__ import annotations

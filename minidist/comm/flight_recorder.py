@@ -8,7 +8,7 @@ NCCL flight recorder, covers NCCL only; this one sits in
 minidist.comm.collectives._issue, so it sees every collective on every backend.
 
 What is kept (metadata only: never a tensor, a handle or a future) and what it
-costs (about 2 us per blocking collective, a few more per async one):
+costs (about 2 us per blocking collective, about 10 us per async one):
 collective_log.py.
 
 When it speaks (each time also dumping this rank's entries as JSON to

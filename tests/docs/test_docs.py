@@ -3,7 +3,7 @@
 Every name in code font in docs/*.md that looks like a piece of minidist (a dotted
 name starting with a minidist module or an exported name, such as
 `minidist.ddp.Reducer.prepare_for_forward` or `comm.trace`) must import or resolve
-by getattr, and every file or folder path (`minidist/ddp/reducer.py`, `recipes/`)
+by getattr, and every file or folder path (`minidist/buckets/reducer.py`, `recipes/`)
 must exist. The site itself must build with `mkdocs build --strict`, which also
 fails on a missing page, a broken link, a missing snippet of docs/generated/, or
 a `::: module` reference that no longer resolves.
