@@ -2,8 +2,9 @@
 
     model = DDP(net, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
 
-torch's DistributedDataParallel(mixed_precision=...) design, under FSDP2's argument name. The module's parameters stay
-the fp32 masters the optimizer updates; each keeps a low-precision copy:
+torch's DistributedDataParallel(mixed_precision=...) design, under FSDP2's argument name
+(mp_policy). The module's parameters stay the fp32 masters the optimizer updates; each
+keeps a low-precision copy:
 
     forward     the masters are cast into the copies (one pass over psi), the parameters
                 point at the copies (p.data), floating inputs are cast to param_dtype

@@ -3,7 +3,7 @@
 torch's ZeroRedundancyOptimizer (and CS336's sharded-optimizer exercise) give
 each parameter to one rank, which keeps its optimizer state, updates it and
 broadcasts it to the others. The paper's ZeRO partitions elements instead
-(layout.py): whole parameters cannot balance a model whose few largest tensors
+(bucket_shards.py): whole parameters cannot balance a model whose few largest tensors
 exceed 1/N of it (an embedding), and leave ranks with nothing when there are
 fewer parameters than ranks.
 

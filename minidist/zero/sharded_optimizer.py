@@ -164,7 +164,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def grad_pieces(self) -> tuple[list[tuple[nn.Parameter, torch.Tensor]], bool]:
         """This rank's averaged gradients, each beside the parameter it belongs to, and whether they are
-        shards of the group (True: ZeRO-1/2's pieces of its partitions, every element on exactly one
+        shards of the group (True: ZeRO-1/2's pieces of its flat shards, every element on exactly one
         rank; False: the owner-broadcast variant's whole gradients, the same on every rank).
 
         What minidist.clip reads: each piece's squared norm is summed over the dimensions its
