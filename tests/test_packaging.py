@@ -51,7 +51,7 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # one interpreter for the cheap checks: what is installed where, `--cfg job`, the tour's arguments
-    probe = _run([py, "-c", "import minidist, minidist.train.config as c, importlib.util as u; "
+    probe = _run([py, "-c", "import minidist, minidist.cli.config as c, importlib.util as u; "
                   "print(minidist.__version__, minidist.__file__, c.CONFIG_DIR, u.find_spec('recipes')); "
                   "from minidist.recipes import train, collectives_tour; "
                   "train.main(['--cfg', 'job', 'experiment=gpt_tiny', 'strategy=zero1']); "

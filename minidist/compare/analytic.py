@@ -33,7 +33,7 @@ call, for the b x s tokens a tp group shares (width h, L blocks, e bytes per ele
 
 TP's calls sit between the layers that need their result: nothing overlaps them (phase
 "critical"). With clipping, one scalar all_reduce per set of mesh dimensions that split some
-parameter and per dimension of more than one rank (minidist.train.placement.global_norm).
+parameter and per dimension of more than one rank (minidist.parallel.placement.global_norm).
 
 plus, for FSDP and the paper's ZeRO (whose gradients are sharded), the gradient-norm all_reduce
 of one fp32 scalar when clipping. Each call also says when in the step it is issued (phase:

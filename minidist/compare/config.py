@@ -1,4 +1,4 @@
-"""Typed schema of configs/compare.yaml, the strategy comparison (composition: minidist.train.compose).
+"""Typed schema of configs/compare.yaml, the strategy comparison (composition: minidist.cli.compose).
 
 The comparison reuses the training groups (model, data, optim, trainer) and every strategy
 preset under strategy_options.<name> (configs/strategy/*.yaml, each on its own schema), so
@@ -15,7 +15,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, OmegaConf
 
 from minidist.tp.plan import check_degree
-from minidist.train.config import GROUPS, Backend, DType
+from minidist.cli.config import GROUPS, Backend, DType
 
 
 @dataclass

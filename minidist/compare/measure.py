@@ -4,7 +4,7 @@
 
 Per strategy, every rank, in this order:
 
-  build      the trainer's composition: minidist.train.parallelize (build_layout, parallelize,
+  build      the trainer's composition: minidist.parallel.parallelize (build_layout, parallelize,
              build_optimizer, trainer.precision's policy), the task's model and loss,
              BatchStream; the same seed, weights and batches for every strategy (a
              tensor-parallel row, strategy.tp_size = T: each tp group shares T x
@@ -47,8 +47,8 @@ from minidist.compare.memory import MemoryLedger, roles_of
 from minidist.mesh import DP, TP, Layout, data_parallel_mesh
 from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
-from minidist.train.placement import dims_of
-from minidist.train.parallelize import build_layout, build_optimizer, optimizer_class, parallelize, precision_policy
+from minidist.parallel.placement import dims_of
+from minidist.parallel.parallelize import build_layout, build_optimizer, optimizer_class, parallelize, precision_policy
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task
 from minidist.train.trainer import Run, train_step
@@ -182,7 +182,7 @@ def tensor_parallel(cfg, bench: Bench) -> dict | None:
     """What the row's tensor parallelism looks like on this rank (None without it): its degree and
     switches, the sliced model's parameters (what the data-parallel engine wraps: each rank's
     slices, built on the meta device over the same tp mesh), and the groups the clip's norm sums
-    over (minidist.train.parallelize.clip_grad_norm_: one key per set of dimensions that split a
+    over (minidist.parallel.parallelize.clip_grad_norm_: one key per set of dimensions that split a
     parameter, read from the parameters' own declarations; ZeRO's sharded gradients add "dp")."""
     layout = bench.layout
     if bench.tp_size == 1:

@@ -248,7 +248,7 @@ class FSDP(nn.Module):
         elsewhere -= {self.mesh_info.shard_dim}
         if elsewhere:  # e.g. tensor-parallel slices: their squared norms must be summed over "tp" too
             raise ValueError(f"FSDP.clip_grad_norm_ sums over its shard group only, but some parameters are also "
-                             f"split over {sorted(elsewhere)}: use minidist.train.parallelize.clip_grad_norm_")
+                             f"split over {sorted(elsewhere)}: use minidist.parallel.parallelize.clip_grad_norm_")
         grads = [fp.sharded.grad for u in self._units for fp in u.shards.params
                  if fp.sharded.grad is not None and fp.sharded.grad.numel()]
         norm_type = float(norm_type)

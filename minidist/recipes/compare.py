@@ -30,7 +30,7 @@ def compose(args: list[str], config_dir: str | None = None,
 
     from minidist import runtime
     from minidist.compare.config import CompareConfig, check, check_rows_world
-    from minidist.train.compose import ConfigError, check_shard_size, compose_config
+    from minidist.cli.compose import ConfigError, check_shard_size, compose_config
 
     ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
     cfg = compose_config(args, config_name="compare", config_dir=config_dir)
@@ -96,7 +96,7 @@ def _parse(argv: list[str]):
 
 
 def _compose_args(args, world, estimate: bool):
-    from minidist.train.compose import ConfigError
+    from minidist.cli.compose import ConfigError
 
     if args.multirun:
         raise ConfigError("recipes.compare runs no sweep: it measures every strategy of strategies=[...] in "

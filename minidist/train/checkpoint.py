@@ -2,7 +2,7 @@
 
     <run dir>/checkpoints/step_0000200/
         model.pt              the whole model, and a plain optimizer's whole state by parameter name
-                              (minidist.train.portable), written by the main process
+                              (minidist.parallel.portable), written by the main process
         shard_{coord}.pt      the rank at mesh coordinate coord: its engine's sharded state, the
                               model's and its optimizer's (FSDP) or the optimizer's (ZeRO-1)
         state_{coord}.pt      its RNG states, and the step and data position (the same on every rank)
@@ -22,7 +22,7 @@ processes resumes at M.
 
 Across strategies: a whole model loads into any strategy (FSDP through its
 load_full_state_dict), and a whole optimizer state into any plain optimizer, FSDP's
-included (see minidist.train.portable); sharded files load into any engine that reads
+included (see minidist.parallel.portable); sharded files load into any engine that reads
 them (FSDP's into every FSDP strategy, at any world size). Anything else is refused in
 one line naming the strategy that wrote the checkpoint, except an optimizer state that
 only its own engine reads: the weights are loaded, the optimizer starts afresh, and the
@@ -50,11 +50,11 @@ import torch.nn as nn
 
 from minidist import comm
 from minidist.mesh import TP, Layout
-from minidist.train import portable
+from minidist.parallel import portable
 from minidist.train.checkpoint_files import (MARKER, SHARDED, WHOLE, WITH_MODEL, CheckpointError, Contents, fsync_dir,
                                              contents, coordinate, legacy_shapes, load_file, rng_state, save_file,
                                              set_rng_state, verify, write_bytes_durably)
-from minidist.train.parallelize import FSDP_STRATEGIES, unwrap
+from minidist.parallel.parallelize import FSDP_STRATEGIES, unwrap
 
 __all__ = ["Checkpointer", "CheckpointError", "MARKER"]
 

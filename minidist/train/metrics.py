@@ -105,7 +105,7 @@ def _row_step(line: str) -> float:
 def wandb_settings(logger_cfg, run_dir: Path) -> dict:
     """mode, project and dir: the config's value if set, else wandb's environment variable, else
     minidist's default (offline, project minidist, the run directory). Explicit values win, as in wandb.init."""
-    from minidist.train.compose import WANDB_MODES
+    from minidist.cli.compose import WANDB_MODES
 
     mode = logger_cfg.mode.value if logger_cfg.mode is not None else \
         WANDB_MODES.get(os.environ.get("WANDB_MODE", "offline"), "offline")

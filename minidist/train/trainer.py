@@ -37,7 +37,7 @@ from minidist.models.saved import save_model
 from minidist.train.checkpoint import Checkpointer
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
-from minidist.train.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
+from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
                                         parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config

@@ -175,7 +175,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         For a norm that depends on the parameters, where clip_grad_norm_ above sums over this
         group only: a tensor-parallel slice's squared norm is also summed over "tp", a parameter
-        replicated over "tp" is not (minidist.train.parallelize.clip_grad_norm_). The tensors are
+        replicated over "tp" is not (minidist.parallel.parallelize.clip_grad_norm_). The tensors are
         views: scaling them in place scales what step() applies.
         """
         pieces, sharded = self.engine.grad_pieces()

@@ -14,7 +14,7 @@ from minidist.compare.config import parse_row
 from minidist.compare.projection import Cluster, Subject, project
 from minidist.models.gpt import GPTConfig
 from minidist.tp import cost
-from minidist.train.compose import ConfigError
+from minidist.cli.compose import ConfigError
 
 SMALL = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8", "trainer.batch_size=2"]
 

@@ -14,9 +14,10 @@ import minidist
 from minidist import runtime
 from minidist.mesh import DP, TP, ParallelDims, shard_param
 from minidist.models import GPT
-from minidist.train import compose_config, train
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.checkpoint import MARKER, Checkpointer
-from minidist.train.parallelize import full_state_dict
+from minidist.parallel.parallelize import full_state_dict
 
 SHAPES = {"col.weight": (6, 4), "col.bias": (6,), "row.weight": (3, 6), "row.bias": (3,)}
 

@@ -10,7 +10,7 @@
 A torch optimizer numbers its parameters by position; positions mean nothing to a model
 wrapped another way, names do. Loading cuts each tensor to what this rank holds:
 
-- a replicated model (single, DDP): its tensor-parallel slice (minidist.train.placement);
+- a replicated model (single, DDP): its tensor-parallel slice (minidist.parallel.placement);
 - FSDP: the engine's load_full_state_dict places whole tensors into its shards. The
   optimizer state goes the same way: each elementwise state tensor (Adam's moments,
   SGD's momentum, shaped like its parameter) is loaded as if it were the weights and
@@ -27,8 +27,8 @@ import torch
 import torch.nn as nn
 
 from minidist.mesh import TP, Layout
-from minidist.train import placement
-from minidist.train.parallelize import full_state_dict, unwrap
+from minidist.parallel import placement
+from minidist.parallel.parallelize import full_state_dict, unwrap
 
 
 def _names(module: nn.Module) -> dict[int, str]:

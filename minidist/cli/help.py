@@ -8,7 +8,7 @@ the config composed from the command line's overrides. Two resolvers fill it:
     ${minidist.options:}   key: value    # description  (one line per field of the composed config)
 
 The descriptions are the docstrings written under each field of the schemas
-(minidist/train/config.py), read from the source with `ast`, so they cannot drift
+(minidist/cli/config.py), read from the source with `ast`, so they cannot drift
 from the code.
 """
 
@@ -22,7 +22,7 @@ import textwrap
 
 from omegaconf import DictConfig, OmegaConf
 
-from minidist.train.config import CONFIG_DIR
+from minidist.cli.config import CONFIG_DIR
 
 
 def register_resolvers() -> None:

@@ -2,7 +2,7 @@
 
     cfg = compose_config(["strategy=full_shard", "model.n_layer=6"])
 
-Every schema in minidist.train.config is registered in Hydra's ConfigStore and
+Every schema in minidist.cli.config is registered in Hydra's ConfigStore and
 each preset yaml names its schema in its defaults list, so OmegaConf rejects an
 unknown key or a wrong type; this module turns that rejection into one line
 naming the key and what is valid (ConfigError). Keys added with `+` bypass
@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minidist.runtime import UsageError, launched_world
 from minidist.tp.plan import check_degree
-from minidist.train.config import CONFIG_DIR, GROUPS, RunConfig
+from minidist.cli.config import CONFIG_DIR, GROUPS, RunConfig
 from minidist.train.preemption import signal_number
 
 
@@ -31,7 +31,7 @@ def register_schemas() -> None:
     resolvers configs/config.yaml uses and minidist's Hydra launcher and sweeper (hydra/launcher=minidist)."""
     import hydra_plugins.minidist_launcher.minidist_launcher  # noqa: F401 - stores hydra/{launcher,sweeper}/minidist
 
-    from minidist.train import help as app_help
+    from minidist.cli import help as app_help
     from minidist.train.run_dir import hydra_dir
 
     cs = ConfigStore.instance()
@@ -176,7 +176,7 @@ def _check_strategy(st, world_size: int | None, local_world_size: int | None) ->
         return
     if st.name == "hybrid_shard" and st.get("tp_size", 1) == 1:  # this line also explains null (per node)
         check_shard_size("strategy.shard_size", st.shard_size, [world_size], local_world_size)
-    from minidist.train.parallelize import layout_dims  # the engines' own rule: single, tp_size x shard_size
+    from minidist.parallel.parallelize import layout_dims  # the engines' own rule: single, tp_size x shard_size
 
     try:
         layout_dims(st, world_size, local_world_size)

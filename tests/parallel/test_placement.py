@@ -14,9 +14,9 @@ from minidist import runtime
 from minidist.mesh import DP, TP, ParallelDims
 from minidist.sharding import Split, cut, join, shard_param, sharded_over
 from minidist.models import Block
-from minidist.train import compose_config
-from minidist.train.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
-from minidist.train.placement import global_norm
+from minidist.cli import compose_config
+from minidist.parallel.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
+from minidist.parallel.placement import global_norm
 
 WHOLE = {"col": (6, 5), "row": (4, 6), "norm": (5,), "both": (8, 3)}
 """A column-parallel weight (split over tp along dim 0), a row-parallel one (dim 1), a replicated
@@ -135,7 +135,7 @@ def test_fsdp_keeps_a_declaration_on_the_parameters_it_makes_and_adds_its_own(ru
     got = run_dist(2, _fsdp_declarations)[0]
     assert got["full_shard"] == {"weight": {TP: Split(0), DP: Split(0)}, "bias": {DP: Split(0)}}
     assert got["no_shard"] == {"weight": {TP: Split(0)}, "bias": {}}  # replicas split nothing
-    assert "also split over ['tp']: use minidist.train.parallelize.clip_grad_norm_" in got["clip"]
+    assert "also split over ['tp']: use minidist.parallel.parallelize.clip_grad_norm_" in got["clip"]
 
 
 def test_a_fused_qkv_slice_is_joined_block_by_block():

@@ -1,4 +1,4 @@
-"""Typed schemas for every Hydra config group (composition: minidist.train.compose).
+"""Typed schemas for every Hydra config group (composition: minidist.cli.compose).
 
 The yaml files under configs/ say *which values* a preset uses; the dataclasses
 here say *which keys exist and what type each has*. Each yaml file starts with
@@ -73,7 +73,7 @@ class SingleStrategy:
 @dataclass
 class DataParallelStrategy:
     """What every data-parallel strategy shares: its name, then tensor parallelism inside it (the layers split
-    over "tp" first, the engine over the data-parallel ranks that remain: minidist.train.parallelize)."""
+    over "tp" first, the engine over the data-parallel ranks that remain: minidist.parallel.parallelize)."""
 
     name: str = ""
     """Strategy name (set by the preset; do not override)."""

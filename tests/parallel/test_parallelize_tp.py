@@ -15,8 +15,8 @@ import torch
 from minidist import runtime
 from minidist.mesh import TP
 from minidist.models import Block
-from minidist.train import compose_config
-from minidist.train.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
+from minidist.cli import compose_config
+from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
                                         optimizer_class, parallelize)
 from minidist.train.task import make_task
 

@@ -33,7 +33,7 @@ checkpoints ask the wrapped objects what they offer (`no_sync`, `full_state_dict
 `sharded_state_dict`), never which strategy is running. What is split over which
 dimension is declared on the parameters themselves (minidist.sharding: TP's slices
 over "tp", FSDP's shards over its dimension), so that clipping and whole-model
-checkpoints work for any composition (minidist.train.placement).
+checkpoints work for any composition (minidist.parallel.placement).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from minidist.models.gpt import GPT
 from minidist.precision import MixedPrecisionPolicy
 from minidist.runtime import Topology
 from minidist.tp import parallelize_gpt
-from minidist.train import placement
+from minidist.parallel import placement
 
 FSDP_STRATEGIES = tuple(s.value for s in ShardingStrategy)
 """Strategies that are minidist.FSDP's sharding_strategy values."""
@@ -199,7 +199,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, optimizer
     The norm of the whole model's gradient whatever is split where: each parameter's
     squared norm summed over the dimensions it declares (FSDP's shards over "dp" or
     "shard", a tensor-parallel slice over "tp"), replicated ones counted once
-    (minidist.train.placement.global_norm). Then every gradient is scaled by
+    (minidist.parallel.placement.global_norm). Then every gradient is scaled by
     min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ does.
     ZeRO keeps the averaged gradients in its optimizer's partitions (p.grad is None
     after backward): there the pieces it holds are grouped by their parameter's
