@@ -31,7 +31,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from minidist import Topology, comm
+from minidist import Topology, comm, strategies
 from minidist.mesh import Layout
 from minidist.models.saved import save_model
 from minidist.train.checkpoint import Checkpointer
@@ -75,6 +75,11 @@ class Run:
     window: list = field(default_factory=list)
     """StepStats since the last logged step."""
     t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def strategy(self) -> strategies.Strategy:
+        """The strategy's record: which contract its engines offer (minidist.strategies)."""
+        return strategies.get(self.cfg.strategy.name)
 
     def request_stop(self) -> None:
         """Checkpoint after the current step and return from train() (resume=auto continues)."""
@@ -181,14 +186,16 @@ def train_step(run: Run, step: int) -> StepStats:
             batch = [b.to(run.topo.device, non_blocking=True) for b in next(run.stream)]
             items += run.task.count(batch)
             last = micro == tc.grad_accum - 1
-            with contextlib.nullcontext() if last else no_sync(run.model, opt):  # backward inside: ZeRO and
-                with run.autocast():                                               # FSDP read it there
+            skip = contextlib.nullcontext() if last else no_sync(run.model, opt, run.strategy)
+            with skip:  # backward inside too: ZeRO and FSDP read it there
+                with run.autocast():
                     loss = run.task.loss(run.model, batch) / tc.grad_accum
                 (loss if run.scaler is None else run.scaler.scale(loss)).backward()
             step_loss += loss.detach()
         if run.scaler is not None and tc.grad_clip > 0:
             run.scaler.unscale_(opt)  # clip the true gradients
-        grad_norm = clip_grad_norm_(run.model, tc.grad_clip, run.layout, opt) if tc.grad_clip > 0 else None
+        grad_norm = clip_grad_norm_(run.model, tc.grad_clip, run.layout, opt,
+                                    strategy=run.strategy) if tc.grad_clip > 0 else None
         if run.scaler is None:
             opt.step()
         else:
@@ -246,7 +253,7 @@ def finish(run: Run) -> dict:
     """Final evaluation on the whole validation split, the model file, a text sample and the plot."""
     tc = run.cfg.trainer
     final = evaluate(run, None)
-    full_state = full_state_dict(run.model, run.layout)
+    full_state = full_state_dict(run.model, run.layout, run.strategy)
     result = {"run_dir": str(run.run_dir), "stopped": False, **run.info, **final, "step": tc.steps,
               "wall_s": time.perf_counter() - run.t0}
     if not run.layout.is_main:

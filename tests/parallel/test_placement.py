@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn as nn
 
-from minidist import runtime
+from minidist import runtime, strategies
 from minidist.mesh import DP, TP, ParallelDims
 from minidist.sharding import Split, cut, join, shard_param, sharded_over
 from minidist.models import Block
@@ -53,7 +53,7 @@ def _norms() -> dict:
     out = {"l2": global_norm(list(params.values()), layout).item(),
            "inf": global_norm(list(params.values()), layout, math.inf).item()}
     before = {k: p.grad.clone() for k, p in params.items()}
-    out["returned"] = clip_grad_norm_(params, 1.0, layout).item()
+    out["returned"] = clip_grad_norm_(params, 1.0, layout, strategy=strategies.get("single")).item()
     out["after"] = global_norm(list(params.values()), layout).item()
     out["scale"] = [(p.grad / before[k]).flatten().tolist() for k, p in params.items() if p.grad.numel()]
     return out
@@ -95,8 +95,10 @@ def _engine_norms() -> dict:
         opt = build_optimizer(model, layout, cfg.strategy, cfg.optim)  # ZeRO's hooks and partitions live here
         r = slice(2 * layout.dp_rank, 2 * layout.dp_rank + 2)
         model(x[r], y[r])[1].backward()
-        out[name] = clip_grad_norm_(model, 1e9, layout, opt).item()
-        out[name + " sharded"] = sorted({tuple(getattr(p, "sharded_over", {})) for p in unwrap(model).parameters()})
+        record = strategies.get(name)
+        out[name] = clip_grad_norm_(model, 1e9, layout, opt, strategy=record).item()
+        out[name + " sharded"] = sorted({tuple(getattr(p, "sharded_over", {}))
+                                         for p in unwrap(model, record).parameters()})
     return out
 
 

@@ -63,5 +63,5 @@ def test_resume_under_another_strategy(run_dist, tmp_path):
     line = main["refused"]
     assert all(r["refused"] == line for r in ranks) and "\n" not in line
     assert "was written by strategy=full_shard, which keeps the model in per-rank shards only; strategy=ddp " \
-        "needs the whole model: resume with one of full_shard, shard_grad_op, no_shard, hybrid_shard" in line, line
+        "needs the whole model: resume with one of shard_grad_op, full_shard, no_shard, hybrid_shard" in line, line
     assert main["untouched"]
