@@ -46,6 +46,7 @@ from minidist.compare.memory import MemoryLedger, roles_of
 from minidist.compare.profile import model_shape
 from minidist.mesh import DP, TP, Layout, data_parallel_mesh
 from minidist.strategies import contract
+from minidist.strategies.single import SINGLE
 from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
 from minidist.parallel.placement import dims_of
@@ -110,8 +111,9 @@ class Bench:
         stream = BatchStream(train_ds, self.batch, self.layout.dp_rank, self.layout.dp_size, cfg.trainer.seed)
         fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
         scaler = ShardedGradScaler(topo.device.type) if fp16 else None
-        self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, stream, None,
-                       None, None, {}, PreemptionWatch([], topo.device), scaler)
+        record = SINGLE if plain else strategies.get(strategy_cfg.name)  # plain: no wrapper, a torch optimizer
+        self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, record, stream,
+                       None, None, None, {}, PreemptionWatch([], topo.device), scaler)
         self.steps = 0
 
     @property
@@ -129,7 +131,7 @@ class Bench:
     def bucket_numels(self) -> list[int]:
         """The gradient buckets as the engine built them (sizes only: nothing is allocated), as the strategy's
         record reads them: DDP's reducer's, or ZeRO's (its flat partitions padded to N); none for FSDP."""
-        return strategies.get(self.strategy_cfg.name).buckets(self.model, self.optimizer)
+        return self.run.strategy.buckets(self.model, self.optimizer)
 
 
 def _phases(task: Phased, steps: list[tuple[float, float]], t0: float) -> list[list]:
@@ -190,7 +192,7 @@ def tensor_parallel(cfg, bench: Bench) -> dict | None:
         model, blocks = make_task(cfg.model).build()
     model = parallelize_gpt(model, layout[TP], sequence_parallel=so.sequence_parallel, vocab_parallel=so.vocab_parallel)
     sliced = model_shape(model, blocks)
-    if strategies.get(so.name).optimizer_engine is contract.ShardedOptimizerState:
+    if bench.run.strategy.optimizer_engine is contract.ShardedOptimizerState:
         also = (DP,) if bench.optimizer.grad_pieces()[1] else ()
         keys = {dims_of(p, also) for p in bench.optimizer.parameters_in_order}
     else:

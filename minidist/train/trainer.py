@@ -61,6 +61,8 @@ class Run:
     model: torch.nn.Module
     """What forward/backward run on: the user's model inside its wrappers."""
     optimizer: torch.optim.Optimizer
+    strategy: strategies.Strategy
+    """The strategy's record: which contract its model and optimizer engines offer (minidist.strategies)."""
     stream: BatchStream
     val_stream: BatchStream
     ckpt: Checkpointer
@@ -75,11 +77,6 @@ class Run:
     window: list = field(default_factory=list)
     """StepStats since the last logged step."""
     t0: float = field(default_factory=time.perf_counter)
-
-    @property
-    def strategy(self) -> strategies.Strategy:
-        """The strategy's record: which contract its engines offer (minidist.strategies)."""
-        return strategies.get(self.cfg.strategy.name)
 
     def request_stop(self) -> None:
         """Checkpoint after the current step and return from train() (resume=auto continues)."""
@@ -150,8 +147,8 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
         logger.message(f"resumed from step {start} ({resumed_from})" + (f"; {note}" if note else ""))
     comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
-    return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
-               watch, scaler, start)
+    return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, strategies.get(cfg.strategy.name), stream,
+               val_stream, ckpt, logger, info, watch, scaler, start)
 
 
 def _resume(cfg, ckpt: Checkpointer, stream: BatchStream, scaler=None) -> tuple[int, Path | None, str]:
