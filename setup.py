@@ -3,7 +3,7 @@
 This file exists for what pyproject.toml cannot say: the checkout's top-level configs/
 (the source of the Hydra presets, edited there) is shipped inside the package as
 minidist/configs, beside the discovered packages, so an installed minidist finds its
-configs (minidist.train.config.CONFIG_DIR). Also shipped: minidist's Hydra launcher in the
+configs (minidist.cli.config.CONFIG_DIR). Also shipped: minidist's Hydra launcher in the
 hydra_plugins namespace, where Hydra looks for plugins. recipes/ (shims for
 `torchrun -m recipes.train` in a checkout) is not installed.
 """

@@ -72,7 +72,6 @@ def measured(world: int) -> dict:
 
 
 def main() -> None:
-    from minidist.compare.analysis import settings_of
     from minidist.compare.estimate import estimate_memory
     from minidist.compare.run import _profile
     from recipes.compare import compose
@@ -85,8 +84,7 @@ def main() -> None:
         t0 = time.perf_counter()
         got = measured(world)
         for (size, name), peak in got.items():
-            est = estimate_memory(profiles[size], name, world,
-                                  **settings_of(cfg.strategy_options[name], world=world)).total
+            est = estimate_memory(profiles[size], cfg.strategy_options[name], world).total  # one node: group = world
             errors.append(est / peak - 1)
             print(f"{size:<10} {world:>5} {name:<14} {peak / 2**20:12.3f} {est / 2**20:13.3f} {100 * errors[-1]:+6.1f}%")
         print(f"  (world {world}: {time.perf_counter() - t0:.0f} s)")

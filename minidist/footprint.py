@@ -5,7 +5,7 @@ adds what the engine holds to a profile of the plain model's step without re-enc
 engine's schedule, and so that a measurement (minidist.compare.memory) can name the engine's
 tensors without touching them:
 
-    held(layout, world, ...settings) -> list[Held]      # from sizes and settings; nothing runs
+    held(shape, world, ...settings) -> list[Held]       # from sizes (minidist.shape) and settings; nothing runs
     live(engine_object) -> dict[role, list[Tensor]]      # its tensors that exist now, read only
 
 Each engine implements it beside its own code, so whoever changes a schedule sees what to keep
@@ -43,37 +43,6 @@ ROLES = ("parameters", "gradients", "optimizer", "buffers", "activations", "othe
 """The columns of a memory breakdown, in the order reports print them."""
 
 PHASES = ("forward", "backward", "post_backward", "optimizer")
-
-
-@dataclass(frozen=True)
-class ModelLayout:
-    """The sizes an engine's memory is made of (elements), from the model alone."""
-
-    unit_param_numels: tuple[tuple[int, ...], ...]
-    """Per FSDP unit (root first), the elements of each of its parameters in the unit's order."""
-    param_numels: tuple[int, ...]
-    """Every parameter once, in model.parameters() order (DDP's and ZeRO's buckets)."""
-    param_units: tuple[int, ...]
-    """The unit of each parameter of param_numels."""
-    itemsize: int = 4
-    """Bytes per parameter element."""
-    unit_param_rows: tuple[tuple[tuple[int, int], ...], ...] = ()
-    """Per unit, each parameter as (rows, elements per row): FSDP splits dim 0. Empty: unknown
-    shapes, each parameter taken as one column of numel rows."""
-
-    def rows(self, unit: int) -> tuple[tuple[int, int], ...]:
-        """(rows, elements per row) of each parameter of `unit`."""
-        if self.unit_param_rows:
-            return self.unit_param_rows[unit]
-        return tuple((n, 1) for n in self.unit_param_numels[unit])
-
-    @property
-    def psi(self) -> int:
-        return sum(self.param_numels)
-
-    @property
-    def units(self) -> int:
-        return len(self.unit_param_numels)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ shard dimension ("dp", or "shard" for hybrid_shard) on the sharded parameters it
 keeping whatever the original parameter declared (a tensor-parallel slice under FSDP says
 both). Who reads: gradient clipping sums a parameter's squared norm over exactly the
 dimensions it declares and counts an undeclared (replicated) one once
-(minidist.train.placement.global_norm); the whole model is assembled from the slices along
+(minidist.clip.global_norm); the whole model is assembled from the slices along
 "tp" and cut again at another degree (`join` / `cut` below, used by
-minidist.train.placement and minidist.tp.full_tensor).
+minidist.parallel.placement and minidist.tp.full_tensor).
 
 `parts` > 1 says the split tensor dimension is several equal blocks, each split over the
 ranks: the fused q|k|v projection is three blocks of n_embd rows, and a rank holds its

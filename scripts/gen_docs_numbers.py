@@ -42,6 +42,7 @@ TORCHRUN = "torchrun --standalone --nproc_per_node={n}"
 JOBS: dict[str, tuple[str, int]] = {
     # name: (command as a user types it, from the repository root, with the venv's tools; timeout s)
     "code": ("", 0),  # no command: quotes functions of the package (docs_facts.CODE_QUOTES)
+    "strategies": ("", 0),  # no command: the registered strategies' ladder, from their records (scripts/ladder.py)
     "tour": (f"{TORCHRUN.format(n=2)} recipes/collectives_tour.py", 300),
     "lessons": (f"{TORCHRUN.format(n=2)} -m recipes.lessons --all", 900),
     "bench_ddp": (f"{TORCHRUN.format(n=2)} benchmarks/ddp_vs_torch.py --sleep-ms 0 20 --buckets 1 25 --repeats 6", 600),
@@ -197,8 +198,9 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
 
 def write_job(job: str, commit: str) -> None:
     load_start, t0 = load(), time.perf_counter()
-    if job == "code":
-        bodies, how = code_quotes(), f"Quoted at commit `{commit}` on {time.strftime('%Y-%m-%d')}."
+    if job in ("code", "strategies"):
+        bodies = code_quotes() if job == "code" else {job: docs_facts.ladder.table()}
+        how = f"Quoted at commit `{commit}` on {time.strftime('%Y-%m-%d')}."
     else:
         output = run(*JOBS[job])
         bodies, how = bodies_of(job, output), stamp(commit, load_start, load())

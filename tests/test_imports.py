@@ -1,4 +1,4 @@
-"""minidist's import graph has no cycle.
+"""minidist's import graph has no cycle, and no import runs back up a floor.
 
 Every module under minidist/ is parsed (ast, nothing imported) and every import
 statement in it counts, wherever it sits: at the top, inside a function, or under
@@ -7,6 +7,11 @@ other). `from package import name` points at the submodule package.name when
 that is a module, else at the package. Importing a submodule also runs its
 package's __init__, but that implicit edge is not counted: a package's __init__
 re-exporting its submodules is not a cycle a reader has to untangle.
+
+FLOORS is the declared reading order of the packages, lowest first: a module may
+import its own floor and the floors below, never one above (the training loop does
+not know the command line; the engines do not know the strategies that use them).
+A new package is placed in it, or the test says where it is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +21,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = "minidist"
+
+FLOORS: list[tuple[str, ...]] = [
+    ("minidist.comm", "minidist.runtime", "minidist.verify", "minidist.sharding", "minidist.precision",
+     "minidist.shape", "minidist.footprint", "minidist.mesh"),   # collectives, the process group, sizes, the mesh
+    ("minidist.models",),                                        # the GPT and the ResNet
+    ("minidist.ddp", "minidist.zero", "minidist.fsdp", "minidist.tp"),  # the engines
+    ("minidist",),                                               # the package's surface: DDP, FSDP, ShardedOptimizer
+    ("minidist.tutorial",),                                      # the build-it track: the engines in miniature
+    ("minidist.strategies",),                                    # one record per strategy, over the engines
+    ("minidist.parallel",),                                      # composing a strategy's engines over a layout
+    ("minidist.train",),                                         # the loop, its data, metrics and checkpoints
+    ("minidist.cli",),                                           # configs, composition, --help, Hydra's jobs
+    ("minidist.compare",),                                       # the strategies side by side
+    ("minidist.recipes",),                                       # the command lines
+]
+"""Packages (and the root's modules) from the lowest floor up."""
 
 
 def _modules() -> dict[str, Path]:
@@ -109,3 +130,32 @@ def test_cycle_detector_finds_a_cycle():
 def test_no_import_cycle_in_minidist():
     cycle = _find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def floor_of(module: str) -> int | None:
+    """The floor of `module`: the one of the longest declared name it is, or lies inside."""
+    best = None
+    for i, names in enumerate(FLOORS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+                best = (i, name)
+    return None if best is None else best[0]
+
+
+def test_every_module_has_a_floor():
+    missing = sorted(m for m in _modules_cache if floor_of(m) is None)
+    assert not missing, f"modules on no floor (add their package to FLOORS): {missing}"
+
+
+def test_no_import_runs_up_a_floor():
+    up = sorted(f"{m} (floor {floor_of(m)}) imports {t} (floor {floor_of(t)})"
+                for m, targets in _graph().items() for t in targets if floor_of(t) > floor_of(m))
+    assert not up, "imports that run up a floor:\n" + "\n".join(up)
+
+
+def test_the_floor_check_finds_an_upward_import():
+    assert floor_of("minidist.train.trainer") < floor_of("minidist.cli.compose")
+    assert floor_of("minidist.shape") == floor_of("minidist.mesh") == 0
+    assert floor_of("minidist") < floor_of("minidist.strategies.record")
+    known = set(_modules_cache)
+    assert "minidist.cli.compose" in _edges("minidist.train.trainer", "from minidist.cli.compose import x", known)

@@ -6,6 +6,7 @@ through a .pth line naming this environment's site-packages; a .pth line adds a 
 runs none of the .pth files in it, so this environment's editable minidist stays invisible.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -51,7 +52,7 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # one interpreter for the cheap checks: what is installed where, `--cfg job`, the tour's arguments
-    probe = _run([py, "-c", "import minidist, minidist.train.config as c, importlib.util as u; "
+    probe = _run([py, "-c", "import minidist, minidist.cli.config as c, importlib.util as u; "
                   "print(minidist.__version__, minidist.__file__, c.CONFIG_DIR, u.find_spec('recipes')); "
                   "from minidist.recipes import train, collectives_tour; "
                   "train.main(['--cfg', 'job', 'experiment=gpt_tiny', 'strategy=zero1']); "
@@ -67,3 +68,9 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     assert "final" in run.stdout and not run.stderr.strip(), run.stderr
     assert read_metrics(elsewhere / "here" / "metrics.jsonl")[-1]["step"] == 2  # hydra.run.dir honoured
     assert (elsewhere / "here" / "model.pt").is_file() and (elsewhere / "here" / ".hydra" / "overrides.yaml").is_file()
+    # a sweep through hydra/launcher=minidist, which Hydra finds by itself in the installed hydra_plugins
+    sweep = [o for o in tiny if not o.startswith(("trainer.steps", "hydra.run"))] + [
+        "trainer.steps=1", "model.n_layer=1,2", "hydra.sweep.dir=sweep"]
+    run = _run([bindir / "minidist-train", "--multirun", *sweep], elsewhere, env)
+    done = [json.loads(line)["status"] for line in (elsewhere / "sweep" / "summary.jsonl").read_text().splitlines()]
+    assert done == ["done", "done"] and not run.stderr.strip(), run.stdout + run.stderr

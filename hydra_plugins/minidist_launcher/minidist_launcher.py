@@ -3,7 +3,7 @@
 Hydra's basic launcher and sweeper assume a job may write wherever it runs; under
 torchrun every rank runs the same jobs, so only the main process may write, and
 nothing may be written in a run directory before the run is validated. The logic is
-in minidist.train.jobs; this module registers the plugins and imports nothing heavy
+in minidist.cli.jobs; this module registers the plugins and imports nothing heavy
 (Hydra imports every module of hydra_plugins when it starts, in any Hydra app).
 """
 
@@ -43,7 +43,7 @@ class MinidistLauncher(Launcher):
         self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> List[JobReturn]:
-        from minidist.train.jobs import launch
+        from minidist.cli.jobs import launch
         return launch(self.hydra_context, self.config, self.task_function, job_overrides, initial_job_idx)
 
 
@@ -51,5 +51,5 @@ class MinidistSweeper(BasicSweeper):
     """Hydra's basic sweep (the cartesian product, in order); multirun.yaml and a summary from the main process."""
 
     def sweep(self, arguments: List[str]) -> Any:
-        from minidist.train.jobs import sweep
+        from minidist.cli.jobs import sweep
         return sweep(self, arguments)

@@ -30,7 +30,8 @@ import torch
 
 from minidist.buckets import reduction
 from minidist.buckets.policy import ReducerPolicy, assign_buckets
-from minidist.footprint import At, Held, ModelLayout, OptimizerModel
+from minidist.footprint import At, Held, OptimizerModel
+from minidist.shape import ModelShape
 
 _DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 
@@ -52,7 +53,7 @@ class _Spec:
         return True
 
 
-def buckets(layout: ModelLayout, policy: ReducerPolicy, device_type: str,
+def buckets(layout: ModelShape, policy: ReducerPolicy, device_type: str,
             hook=reduction.allreduce_presummed) -> list[tuple[list[int], bool]]:
     """(indices into layout.param_numels, reduced in place?) per bucket, as the reducer builds them.
 
@@ -68,7 +69,7 @@ def buckets(layout: ModelLayout, policy: ReducerPolicy, device_type: str,
     return out
 
 
-def backward_position(layout: ModelLayout, i: int) -> int:
+def backward_position(layout: ModelShape, i: int) -> int:
     """When parameter i's gradient is ready, as a position that falls while backward runs: a root
     parameter registered after every block's (the final norm, the head) comes first (layout.units),
     block u's at u, a root parameter registered before them (the embedding) last (0)."""
@@ -77,20 +78,20 @@ def backward_position(layout: ModelLayout, i: int) -> int:
     return layout.units if u == 0 and i > last_block else u
 
 
-def position_of(layout: ModelLayout, unit: int, stage: int) -> int:
+def position_of(layout: ModelShape, unit: int, stage: int) -> int:
     """The backward position (backward_position) of the instant At("backward", unit, stage)."""
     if unit:
         return unit
     return layout.units if stage == 0 else 0
 
 
-def _fills_in(layout: ModelLayout, ids: list[int]) -> int:
+def _fills_in(layout: ModelShape, ids: list[int]) -> int:
     """The unit during whose backward a bucket fills; 0: at the very end (a root parameter whose
     gradient comes last, as the embedding's)."""
     return min(backward_position(layout, i) for i in ids)
 
 
-def held(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",
+def held(layout: ModelShape, world: int, *, policy: ReducerPolicy = ReducerPolicy(), device_type: str = "cpu",
          optimizer: OptimizerModel = OptimizerModel(), optimizer_pieces: list[int] | None = None,
          hook=reduction.allreduce_presummed, backend: str = "gloo", reducer: bool = True) -> list[Held]:
     """The holdings of a replicated model under the reducer at every instant of a step (module docstring).

@@ -7,7 +7,8 @@ Bytes per step, the mean over ranks (a broadcast is sent by N-1 of N ranks; mini
                is an all_reduce; minidist's ring on gloo is not)
     kernel     what the kernel counted this process writing (comm.kernel_io, /proc/self/io), on
                gloo; elsewhere None ("not measured": NCCL moves bytes the kernel does not see)
-    formula    the textbook formulas applied call by call to the model's layout (analytic.plan; a
+    formula    the textbook formulas applied call by call to the model's shape (analytic.plan: the
+               strategy's record's collectives; a
                tensor-parallel row `<strategy>+tp<T>`: minidist.tp.cost's calls plus the
                strategy's over the sliced model, as measure.tensor_parallel recorded it)
 
@@ -37,17 +38,20 @@ tensor-parallel row: None, "not estimated"; the engines' footprints describe dat
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import statistics
 from collections import defaultdict
 
+from minidist import strategies
 from minidist.comm import CostModel, hidden_share
 from minidist.comm.trace import arrivals, wire_times
 from minidist.compare import intervals
-from minidist.compare.analytic import (TP_CLOSED_FORM, Layout, TensorParallel, busbw_factor, closed_form, plan,
-                                       ring_bytes)
+from minidist.compare.analytic import TP_CLOSED_FORM, TensorParallel, busbw_factor, closed_form, plan, ring_bytes
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.profile import StepProfile
+from minidist.mesh import DATA_PARALLEL_DIMS, SHARD
+from minidist.shape import ModelShape
+from minidist.strategies import Wire
 
 
 def spread(xs: list[float]) -> dict[str, float]:
@@ -137,62 +141,54 @@ def _memory(raws: list[dict], prof: StepProfile | None, strategy_cfg, cfg) -> di
            "ledger_error": m["ledger"] / m["allocator"] - 1 if m["allocator"] else None}
     out["estimate"] = None  # "not estimated": the engines' footprints do not describe a tensor-parallel model
     if prof is not None:
-        est = estimate_memory(prof, strategy_cfg.name, raws[0]["world"], device=raws[0]["device"],
-                              optimizer=cfg.optim.name, backend=raws[0]["backend"], **settings_of(strategy_cfg, raws[0]))
+        est = estimate_memory(prof, strategy_cfg, raws[0]["world"], device=raws[0]["device"], optimizer=cfg.optim.name,
+                              backend=raws[0]["backend"], group=state_group(raws[0]))
         out["estimate"] = {"total": est.total, "by_role": est.by_role, "where": est.where}
         out["error"] = est.total / m["allocator"] - 1 if m["allocator"] else None
     return out
 
 
-def settings_of(strategy_cfg, raw: dict | None = None, world: int | None = None) -> dict:
-    """estimate_memory's settings from a strategy preset (and the mesh a run really used)."""
-    name = strategy_cfg.name
-    out = {}
-    if name in ("ddp", "zero1", "zero2", "zero1_broadcast"):
-        out["bucket_cap_mb"] = strategy_cfg.bucket_cap_mb
-    if name == "ddp":
-        out["gradient_as_bucket_view"] = strategy_cfg.gradient_as_bucket_view
-    if name in ("shard_grad_op", "full_shard", "hybrid_shard", "no_shard"):
-        out["prefetch"] = strategy_cfg.prefetch
-    if name == "hybrid_shard":
-        out["shard_size"] = raw["mesh"]["shape"][-1] if raw else min(strategy_cfg.shard_size or world, world)
-    return out
+def state_group(raw: dict) -> int:
+    """The ranks a measured run split its states over, from the mesh it used: its "shard" dimension
+    (hybrid sharding's group), else every data-parallel rank."""
+    dims, shape = raw["mesh"]["dims"], raw["mesh"]["shape"]
+    if SHARD in dims:
+        return shape[dims.index(SHARD)]
+    return math.prod(n for d, n in zip(dims, shape) if d in DATA_PARALLEL_DIMS)
 
 
-def tensor_parallel_of(raw: dict, layout: Layout, cfg) -> tuple[Layout, TensorParallel | None]:
-    """A row's layout for the formulas and its tensor parallelism: the plain model's and None without
-    TP; with it, the sliced model's parameters (as measure.tensor_parallel recorded them) and the GPT
-    plan's collectives for the batch a tp group shares."""
+def tensor_parallel_of(raw: dict, shape: ModelShape, cfg) -> tuple[ModelShape, Wire, TensorParallel | None]:
+    """A row's model shape for the formulas, how its engine moved it (the buckets as built) and its tensor
+    parallelism: the plain model's and None without TP; with it, the sliced model's parameters (as
+    measure.tensor_parallel recorded them) and the GPT plan's collectives for the batch a tp group shares."""
     t = raw.get("tp")
-    buckets = tuple(raw["bucket_numels"])
+    wire = Wire(tuple(raw["bucket_numels"]))
     if not t:
-        return dataclasses.replace(layout, bucket_numels=buckets or layout.bucket_numels), None
+        return shape, wire, None
     rows = tuple(tuple(tuple(r) for r in u) for u in t["unit_param_rows"])
-    params = tuple(t["param_numels"])
-    lay = Layout(params, tuple(sum(r * c for r, c in u) for u in rows), buckets or (sum(params),), layout.itemsize,
-                 unit_param_rows=rows)
-    return lay, TensorParallel.of_gpt(cfg.model, t["batch"], cfg.model.block_size, t["size"], t["dp"],
-                                      sequence_parallel=t["sequence_parallel"], vocab_parallel=t["vocab_parallel"],
-                                      itemsize=layout.itemsize, norm_dims=t["norm_dims"])
+    sliced = ModelShape(tuple(tuple(r * c for r, c in u) for u in rows), tuple(t["param_numels"]),
+                        tuple(t["param_units"]), shape.itemsize, rows)
+    return sliced, wire, TensorParallel.of_gpt(cfg.model, t["batch"], cfg.model.block_size, t["size"], t["dp"],
+                                               sequence_parallel=t["sequence_parallel"],
+                                               vocab_parallel=t["vocab_parallel"], itemsize=shape.itemsize,
+                                               norm_dims=t["norm_dims"])
 
 
-def strategy_row(raws: list[dict], layout: Layout, cost: CostModel, prof: StepProfile | None, cfg,
+def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: StepProfile | None, cfg,
                  strategy_cfg) -> dict:
     """One strategy's measured and predicted numbers (plain JSON; see the module docstring)."""
     r0, steps = raws[0], cfg.steps
-    world = r0["world"]
-    lay, tp = tensor_parallel_of(r0, layout, cfg)
-    shard = r0["mesh"]["shape"][-1] if strategy_cfg.name == "hybrid_shard" else None
-    calls = plan(strategy_cfg.name, lay, world, shard, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
+    world, group = r0["world"], state_group(r0)
+    lay, wire, tp = tensor_parallel_of(r0, shape, cfg)
+    record = strategies.get(strategy_cfg.name)
+    calls = plan(record, lay, world, wire, group=group, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
     counts: dict[str, float] = defaultdict(float)
     for r in r0["records"]:
         counts[r["op"]] += 1 / steps
     alone = _alone(raws, cost)
-    note = ""
-    if strategy_cfg.name == "hybrid_shard" and (shard or world) >= world:
-        note = f"shard group = all {world} ranks, one replica: this is full_shard"
+    note = record.note(world, group)
     if tp is not None:
-        note = (f"tp {tp.size} x dp {tp.dp}, {lay.psi / layout.psi:.1%} of the parameters per rank, "
+        note = (f"tp {tp.size} x dp {tp.dp}, {lay.psi / shape.psi:.1%} of the parameters per rank, "
                 f"{r0['tp']['batch']} sequences per tp group; "
                 f"TP = {TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]}"
                 f" on the critical path; memory not estimated")

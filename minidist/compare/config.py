@@ -1,9 +1,11 @@
-"""Typed schema of configs/compare.yaml, the strategy comparison (composition: minidist.train.compose).
+"""Typed schema of configs/compare.yaml, the strategy comparison (composition: minidist.cli.compose).
 
-The comparison reuses the training groups (model, data, optim, trainer) and every strategy
-preset under strategy_options.<name> (configs/strategy/*.yaml, each on its own schema), so
-`strategy_options.hybrid_shard.shard_size=1` or `strategy_options.ddp.bucket_cap_mb=1` is
-checked like any training override.
+The comparison reuses the training groups (model, data, optim, trainer) and every registered
+strategy (minidist.strategies) under strategy_options.<name>, on its own schema with its
+defaults, so `strategy_options.hybrid_shard.shard_size=1` or `strategy_options.ddp.bucket_cap_mb=1`
+is checked like any training override. Its default rows, and which rows can take tensor
+parallelism, are the records' (default_rows, tp_rows): a strategy registered before composing
+is a row like any other.
 """
 
 from __future__ import annotations
@@ -14,8 +16,16 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
+from minidist import strategies
+from minidist.cli.config import Backend
+from minidist.parallel.parallelize import check_tensor_parallel
+from minidist.strategies.ddp import DDP_RECORD
+from minidist.strategies.schema import DType
 from minidist.tp.plan import check_degree
-from minidist.train.config import GROUPS, Backend, DType
+
+REFERENCE = DDP_RECORD.name
+"""The row whose bytes the others are shown as a multiple of (DDP's: the all_reduce every strategy is measured
+against)."""
 
 
 @dataclass
@@ -79,21 +89,36 @@ class EstimateConfig:
     precision: str = "mixed"
     """With params: "mixed" (the ZeRO paper's fp16 parameters and gradients, p = g = 2, and K = 12 of
     fp32 Adam state: master weights, momentum, variance) or "fp32" (p = g = 4, K = 8)."""
+    gpus_per_node: int = 8
+    """Processes per node of the machine estimated: hybrid_shard's shard group where its shard_size is null,
+    as at runtime (a group larger than a tabulated world is that whole world)."""
+
+
+def default_rows() -> list[str]:
+    """The records' default rows, in the registry's order; the tensor-parallel ones last."""
+    records = strategies.records()
+    return ([r.name for r in records if 1 in r.default_rows]
+            + [f"{r.name}+tp{t}" for r in records for t in r.default_rows if t > 1])
+
+
+def registered_options() -> dict[str, Any]:
+    """Every strategy that can be a row, its config at its schema's defaults (what strategy=<name> composes)."""
+    return {r.name: r.preset() for r in strategies.records() if r.comparable}
 
 
 @dataclass
 class CompareConfig:
     """Top level of configs/compare.yaml."""
 
-    strategies: list[str] = field(default_factory=lambda: ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op",
-                                                           "full_shard", "hybrid_shard", "ddp+tp2"])
+    strategies: list[str] = field(default_factory=default_rows)
     """Rows to run, in order: a key of strategy_options (data parallelism over every rank), or
     `<strategy>+tp<T>` (tensor parallelism of degree T inside, the strategy over the N / T
     data-parallel ranks: the trainer's strategy.tp_size=T), e.g. `ddp+tp2` (at world 2 pure TP,
     dp = 1) or `full_shard+tp2` (at world 4, dp 2 x tp 2). T must divide the world and the
-    model's heads and width; the preset's own sequence_parallel / vocab_parallel apply."""
-    strategy_options: Any = MISSING
-    """Every strategy preset, by name (configs/strategy/<name>.yaml on its schema)."""
+    model's heads and width; the preset's own sequence_parallel / vocab_parallel apply.
+    Default: every registered strategy's default rows (minidist.strategies)."""
+    strategy_options: Any = field(default_factory=registered_options)
+    """Every registered strategy but single, by name, on its schema (strategy_options.<name>.<key>=...)."""
     model: Any = MISSING
     data: Any = MISSING
     optim: Any = MISSING
@@ -118,8 +143,6 @@ class CompareConfig:
 
 TP_ROW = re.compile(r"(?P<base>[a-z0-9_]+)\+tp(?P<tp>[0-9]+)")
 """A tensor-parallel row of `strategies`: <strategy>+tp<T>."""
-NO_TP_ROW = ("hybrid_shard",)
-"""Strategies without a tensor-parallel row (the 3-D replicate x shard x tp layout is not priced here)."""
 
 
 def parse_row(row: str) -> tuple[str, int]:
@@ -147,23 +170,22 @@ def check_rows_world(cfg, world: int) -> None:
 
 def check(cfg) -> None:
     """Rules the schema cannot express; raises ValueError (one line)."""
-    valid = [s for s in GROUPS["strategy"] if s != "single"]
+    valid = list(cfg.strategy_options)
+    no_tp = [r.name for r in strategies.records() if r.comparable and not r.tp_rows]
     rows = [parse_row(s) for s in cfg.strategies]
     unknown = [s for s, (base, tp) in zip(cfg.strategies, rows)
-               if base not in valid or tp < 1 or TP_ROW.fullmatch(s) and (tp < 2 or base in NO_TP_ROW)]
+               if base not in valid or tp < 1 or TP_ROW.fullmatch(s) and (tp < 2 or base in no_tp)]
     if unknown or not cfg.strategies:
         raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(unknown) or 'empty'} not valid; choose from "
-                         f"{', '.join(valid)}, or <strategy>+tp<T> (T >= 2; not {', '.join(NO_TP_ROW)})")
+                         f"{', '.join(valid)}, or <strategy>+tp<T> (T >= 2; not {', '.join(no_tp)})")
     preset_tp = sorted({base for base, _ in rows if cfg.strategy_options[base].get("tp_size", 1) != 1})
     if preset_tp:
         raise ValueError(f"strategy_options.{preset_tp[0]}.tp_size is set; leave it 1 and name the degree in "
                          f"strategies, e.g. strategies=[{preset_tp[0]}+tp2]")
     for row, (base, tp) in zip(cfg.strategies, rows):
-        if tp > 1 and cfg.model.name != "gpt":
-            raise ValueError(f"strategies: {row}: tensor parallelism has a plan for model=gpt only, not "
-                             f"model={cfg.model.name}; drop the +tp{tp} rows")
         if tp > 1:
             so = cfg.strategy_options[base]
+            check_tensor_parallel(cfg.model.name, tp, f"strategies: {row}", f"drop the +tp{tp} rows")
             check_degree(cfg.model, tp, sequence_parallel=so.sequence_parallel, vocab_parallel=so.vocab_parallel,
                          setting=f"strategies: {row}'s tp", prefix="model.")
     if cfg.steps < 1 or cfg.warmup_steps < 2:
@@ -171,7 +193,10 @@ def check(cfg) -> None:
                          "second step's forward, FSDP starts prefetching in the second step")
     if cfg.estimate.precision not in ("mixed", "fp32"):
         raise ValueError(f"estimate.precision={cfg.estimate.precision!r}: choose mixed (p = g = 2, K = 12) or fp32")
+    if cfg.estimate.gpus_per_node < 1:
+        raise ValueError(f"estimate.gpus_per_node={cfg.estimate.gpus_per_node} must be >= 1")
     if cfg.replay_repeats < 1:
         raise ValueError("replay_repeats must be >= 1")
-    if cfg.model.name == "gpt" and cfg.data.source == "cifar10" or cfg.model.name != "gpt" and cfg.data.source == "stdlib":
+    gpt = cfg.model.name == "gpt"
+    if gpt and cfg.data.source == "cifar10" or not gpt and cfg.data.source == "stdlib":
         raise ValueError(f"model={cfg.model.name} cannot read data={cfg.data.source}")

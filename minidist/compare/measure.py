@@ -4,7 +4,7 @@
 
 Per strategy, every rank, in this order:
 
-  build      the trainer's composition: minidist.train.parallelize (build_layout, parallelize,
+  build      the trainer's composition: minidist.parallel.parallelize (build_layout, parallelize,
              build_optimizer, trainer.precision's policy), the task's model and loss,
              BatchStream; the same seed, weights and batches for every strategy (a
              tensor-parallel row, strategy.tp_size = T: each tp group shares T x
@@ -39,16 +39,19 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from minidist import Topology, comm
+from minidist import Topology, comm, strategies
 from minidist.compare import replay
 from minidist.compare.allocator import AllocatorPeak
-from minidist.compare.analytic import Layout as AnalyticLayout
 from minidist.compare.memory import MemoryLedger, roles_of
+from minidist.compare.profile import model_shape
 from minidist.mesh import DP, TP, Layout, data_parallel_mesh
+from minidist.strategies import contract
+from minidist.strategies.single import SINGLE
 from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
 from minidist.clip import dims_of
-from minidist.train.parallelize import build_layout, build_optimizer, optimizer_class, parallelize, precision_policy
+from minidist.parallel.parallelize import (build_layout, build_optimizer, local_world, optimizer_class, parallelize,
+                                           precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task
 from minidist.train.trainer import Run, train_step
@@ -108,8 +111,9 @@ class Bench:
         stream = BatchStream(train_ds, self.batch, self.layout.dp_rank, self.layout.dp_size, cfg.trainer.seed)
         fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
         scaler = ShardedGradScaler(topo.device.type) if fp16 else None
-        self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, stream, None,
-                       None, None, {}, PreemptionWatch([], topo.device), scaler)
+        record = SINGLE if plain else strategies.get(strategy_cfg.name)  # plain: no wrapper, a torch optimizer
+        self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, record, stream,
+                       None, None, None, {}, PreemptionWatch([], topo.device), scaler)
         self.steps = 0
 
     @property
@@ -125,13 +129,9 @@ class Bench:
         return start, time.perf_counter()
 
     def bucket_numels(self) -> list[int]:
-        """The gradient buckets as the engine built them (sizes only: nothing is allocated): DDP's
-        reducer's, or ZeRO's (its flat partitions padded to N; the owner-broadcast variant's reducer)."""
-        engine = getattr(self.optimizer, "engine", None)
-        if engine is not None:
-            return engine.buffer_numels()
-        reducer = getattr(self.model, "reducer", None)
-        return [sum(b.numels) for b in reducer.buckets] if reducer is not None else []
+        """The gradient buckets as the engine built them (sizes only: nothing is allocated), as the strategy's
+        record reads them: DDP's reducer's, or ZeRO's (its flat partitions padded to N); none for FSDP."""
+        return self.run.strategy.buckets(self.model, self.optimizer)
 
 
 def _phases(task: Phased, steps: list[tuple[float, float]], t0: float) -> list[list]:
@@ -161,7 +161,7 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
     last = [r for r in tr.records if r.issued_s >= steps[-1][0]]
     alone = replay.replay(last, tr.groups, topo.device, cfg.replay_repeats)
     raw = {"strategy": name, "rank": topo.rank, "world": topo.world_size, "backend": topo.backend,
-           "device": topo.device.type,
+           "device": topo.device.type, "local_world": local_world(topo),
            "mesh": {"dims": list(bench.layout.mesh_dim_names), "shape": list(bench.layout.mesh.mesh.shape)},
            "records": _records(tr, t0, name), "waits": [[a - t0, b - t0] for a, b, _ in tr.waits],
            "main_waits": [[a - t0, b - t0] for a, b, t in tr.waits if t == _MAIN],
@@ -182,7 +182,7 @@ def tensor_parallel(cfg, bench: Bench) -> dict | None:
     """What the row's tensor parallelism looks like on this rank (None without it): its degree and
     switches, the sliced model's parameters (what the data-parallel engine wraps: each rank's
     slices, built on the meta device over the same tp mesh), and the groups the clip's norm sums
-    over (minidist.train.parallelize.clip_grad_norm_: one key per set of dimensions that split a
+    over (minidist.parallel.parallelize.clip_grad_norm_: one key per set of dimensions that split a
     parameter, read from the parameters' own declarations; ZeRO's sharded gradients add "dp")."""
     layout = bench.layout
     if bench.tp_size == 1:
@@ -191,16 +191,15 @@ def tensor_parallel(cfg, bench: Bench) -> dict | None:
     with torch.device("meta"):
         model, blocks = make_task(cfg.model).build()
     model = parallelize_gpt(model, layout[TP], sequence_parallel=so.sequence_parallel, vocab_parallel=so.vocab_parallel)
-    sliced = AnalyticLayout.from_model(model, blocks)
-    pieces = getattr(bench.optimizer, "grad_pieces", None)
-    if pieces is not None:
-        also = (DP,) if pieces()[1] else ()
+    sliced = model_shape(model, blocks)
+    if bench.run.strategy.optimizer_engine is contract.ShardedOptimizerState:
+        also = (DP,) if bench.optimizer.grad_pieces()[1] else ()
         keys = {dims_of(p, also) for p in bench.optimizer.parameters_in_order}
     else:
         keys = {dims_of(p) for p in bench.model.parameters()}
     return {"size": bench.tp_size, "dp": layout.dp_size, "batch": bench.batch,
             "sequence_parallel": bool(so.sequence_parallel), "vocab_parallel": bool(so.vocab_parallel),
-            "param_numels": list(sliced.param_numels),
+            "param_numels": list(sliced.param_numels), "param_units": list(sliced.param_units),
             "unit_param_rows": [list(map(list, u)) for u in sliced.unit_param_rows],
             "norm_dims": sorted(list(k) for k in keys)}
 

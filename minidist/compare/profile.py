@@ -23,9 +23,8 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from minidist.compare.analytic import param_rows
 from minidist.compare.memory import MemoryLedger
-from minidist.footprint import ModelLayout
+from minidist.shape import ModelShape
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Sample:
 class StepProfile:
     """What estimate_memory needs to know about a model and its step, independent of the strategy."""
 
-    layout: ModelLayout
+    shape: ModelShape
     """The parameters' sizes: per FSDP unit (minidist.fsdp's own assignment, root first) and in model order."""
     segments: list[int] = field(default_factory=list)
     """The unit of each forward segment, in order: root, unit 1, root, unit 2, ..., root."""
@@ -53,15 +52,15 @@ class StepProfile:
 
     @property
     def psi(self) -> int:
-        return self.layout.psi
+        return self.shape.psi
 
     @property
     def itemsize(self) -> int:
-        return self.layout.itemsize
+        return self.shape.itemsize
 
     @property
     def unit_numels(self) -> list[int]:
-        return [sum(u) for u in self.layout.unit_param_numels]
+        return list(self.shape.unit_numels)
 
     def root_stage(self, segment: int, backward: bool) -> int:
         """For a root segment: 0 before the blocks ran in this pass, 1 after (minidist.footprint.At)."""
@@ -94,15 +93,11 @@ def _fake_copy(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> 
     return fake
 
 
-def model_layout(model: nn.Module, units) -> ModelLayout:
-    """The sizes of `model`'s parameters, per unit (build_units' assignment) and in model order."""
-    unit_of = {id(info.param): u for u, (_, _, infos) in enumerate(units) for info in infos}
-    params = list(model.parameters())
-    return ModelLayout(unit_param_numels=tuple(tuple(i.param.numel() for i in infos) for _, _, infos in units),
-                       param_numels=tuple(p.numel() for p in params),
-                       param_units=tuple(unit_of.get(id(p), 0) for p in params),
-                       itemsize=params[0].element_size(),
-                       unit_param_rows=tuple(tuple(param_rows(i.param.shape) for i in infos) for _, _, infos in units))
+def model_shape(model: nn.Module, blocks: Iterable[type[nn.Module]] | None) -> ModelShape:
+    """The shape of `model` (any device, meta included) with every module of a `blocks` type its own FSDP unit."""
+    from minidist.fsdp.api import build_units, wrap_predicate
+
+    return ModelShape.from_units(model, build_units(model, wrap_predicate(set(blocks) if blocks else None)))
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
@@ -119,7 +114,7 @@ def profile_step(model: nn.Module, batch: Sequence[torch.Tensor], loss_fn: Calla
     units = build_units(fake, wrap_predicate(wrap))
     unit_params = [[info.param for info in infos] for _, _, infos in units]
     params = list(fake.parameters())
-    prof = StepProfile(model_layout(fake, units))
+    prof = StepProfile(ModelShape.from_units(fake, units))
     backward = [False]  # set once the forward is done
     ledger = MemoryLedger(lambda: {"parameters": params, "gradients": [p.grad for p in params]},
                           observer=lambda led: _observe(led, prof, unit_params, backward))

@@ -2,9 +2,10 @@
 
     rows = project(subjects, clusters, strategies, ranks)
 
-Every collective of one step comes from minidist.compare.analytic.plan (the call list the table
-checks against the trace), sized in the dtype the engine moves, and is priced on a cluster of
-nodes (Cluster: G ranks per node on an intra-node fabric, NICs per node on the network):
+Every collective of one step comes from minidist.compare.analytic.plan (the strategy's record's
+call list, the one the table checks against the trace), sized in the dtype the engine moves, and
+is priced on a cluster of nodes (Cluster: G ranks per node on an intra-node fabric, NICs per node
+on the network):
 
   * a group's ranks sit on n_nodes nodes, m per node (a replica group of hybrid_shard: one
     per node). Bus bandwidth: the intra-node fabric's inside one node; across nodes the
@@ -39,18 +40,23 @@ step's compute (HIDES; a clip's one-scalar all_reduce costs latency only). Neces
 sufficient: the first gather and the last reduction always show. Memory: the per-rank
 estimate (the measured model: minidist.compare.estimate, activations included) or ZeRO's model
 states (a model given by its parameter count: 16 psi / ..., activations not included) against
-each device size.
+each device size. A strategy's states are split over its record's state_group at that rank count:
+hybrid_shard's shard group is a node (the cluster's GPUs per node) unless its shard_size says
+otherwise, as at runtime.
 """
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from minidist.compare.analytic import Call, Layout, TensorParallel, plan
+from minidist import strategies
+from minidist.compare.analytic import TensorParallel, plan
+from minidist.shape import ModelShape
+from minidist.strategies import Call, Wire
 
 TREE_EFFICIENCY = 0.92
 """NCCL's tuning model: an all_reduce tree reaches this share of the ring's bus bandwidth."""
@@ -72,19 +78,26 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Subject:
-    """A model to project: its layout, compute per step split forward / backward, memory per rank."""
+    """A model to project: its shape per row, compute per step split forward / backward, memory per rank."""
 
     name: str
-    layouts: dict[str, Layout]
-    """Per strategy: the sizes of its collectives, in the dtypes that engine moves."""
+    shapes: dict[str, ModelShape]
+    """Per row (`<strategy>` or `<strategy>+tp<T>`): the model's shape (a tensor-parallel row's: a rank's
+    slices)."""
     forward_s: float
     backward_s: float
-    memory: Callable[[str, int], float] | None = None
-    """(strategy, ranks) -> bytes per rank; None: not applicable (this machine's CPU)."""
+    memory: Callable[[str, int, int], float] | None = None
+    """(row, ranks, the ranks its states are split over) -> bytes per rank; None: not applicable (this
+    machine's CPU)."""
     clusters: tuple[str, ...] = ()
     """Names of the clusters it is projected on."""
-    shard_size: int | None = None
-    """hybrid_shard's shard group; None: a node (the cluster's GPUs per node)."""
+    local_world: int | None = None
+    """Processes per node (hybrid_shard's shard group unless its shard_size is set); None: the cluster's
+    GPUs per node."""
+    wires: dict[str, Wire] = field(default_factory=dict)
+    """Per row: how its engine moves the model (buckets, bytes per element); missing: one bucket, the model's dtype."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Per row: its strategy config (the comparison's strategy_options); missing: the record's preset."""
     tp: dict[str, TensorParallel] = field(default_factory=dict)
     """Tensor-parallel rows (`<strategy>+tp<T>`): TP's calls; its dp is set per rank count."""
 
@@ -146,13 +159,13 @@ def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[floa
     tp = subj.tp.get(strategy)
     if tp is not None:  # T consecutive ranks (a node's while T <= G), the strategy over the N / T others
         tp = dataclasses.replace(tp, dp=n // tp.size)
-    base = strategy.partition("+")[0]
-    shard = min(subj.shard_size or c.gpus_per_node, n) if base == "hybrid_shard" else None
-    calls = plan(base, subj.layouts[strategy], n, shard, tp=tp)
+    record = strategies.get(strategy.partition("+")[0])
+    group = record.state_group(subj.options.get(strategy) or record.preset(), n, subj.local_world or c.gpus_per_node)
+    calls = plan(record, subj.shapes[strategy], n, subj.wires.get(strategy, Wire()), group=group, tp=tp)
     t = step_comm(c, calls)
     exposed = (max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s) + t["after"]
                + t["critical"])
-    mem = subj.memory(strategy, n) if subj.memory else None
+    mem = subj.memory(strategy, n, group) if subj.memory else None
     return {"model": subj.name, "cluster": c.name, "strategy": strategy, "ranks": n, "comm_s": sum(t.values()),
             "comm_ring_s": sum(step_comm(c, calls, "ring").values()), **{f"comm_{k}_s": v for k, v in t.items()},
             "forward_s": subj.forward_s, "backward_s": subj.backward_s, "exposed_min_s": exposed,

@@ -11,7 +11,6 @@ timeline.png, projection.csv and projection.png.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
 import textwrap
@@ -22,16 +21,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from minidist import Topology, comm
+from minidist import Topology, comm, strategies
 from minidist.compare import plots, projection, report as rep, timeline
-from minidist.compare.analysis import settings_of, strategy_row
-from minidist.compare.analysis import tensor_parallel_of
-from minidist.compare.analytic import Layout, TensorParallel, plan, ring_bytes
-from minidist.compare.config import check_rows_world, parse_row, row_strategy
-from minidist.compare.estimate import estimate_memory, model_state_bytes
+from minidist.compare.analysis import strategy_row, tensor_parallel_of
+from minidist.compare.analytic import TensorParallel, plan, ring_bytes
+from minidist.compare.config import REFERENCE, check_rows_world, parse_row, row_strategy
+from minidist.compare.estimate import estimate_memory
 from minidist.compare.measure import measure_strategy
-from minidist.compare.profile import StepProfile, profile_step
+from minidist.compare.profile import StepProfile, model_shape, profile_step
 from minidist.mesh import data_parallel_mesh, is_main
+from minidist.shape import ModelShape
+from minidist.strategies import Wire
 from minidist.train.data import build_datasets
 from minidist.train.run_dir import run_dir_for
 from minidist.train.task import make_task
@@ -73,34 +73,34 @@ def meta_batch(cfg) -> list[torch.Tensor]:
     return [torch.empty(b, 3, 32, 32, device="meta"), torch.empty(b, dtype=torch.long, device="meta")]
 
 
-def _profile(cfg, device: str = "cpu", dtype: torch.dtype | None = None) -> tuple[StepProfile, Layout]:
-    """The plain model's step on fake tensors (for the memory estimate), and its communication layout."""
+def _profile(cfg, device: str = "cpu", dtype: torch.dtype | None = None) -> tuple[StepProfile, ModelShape]:
+    """The plain model's step on fake tensors (for the memory estimate), and its shape."""
     task = make_task(cfg.model)
     with torch.device("meta"):
         model, blocks = task.build()
     if dtype is not None:
         model = model.to(dtype)
     prof = profile_step(model, meta_batch(cfg), task.loss, blocks, device)
-    return prof, Layout.from_model(model, blocks)
+    return prof, model_shape(model, blocks)
 
 
 def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostModel) -> dict:
     """Rows, tables, charts, timeline and projection from every rank's raw results (main process)."""
     r0 = per_strategy[0][0]
-    prof, layout = _profile(cfg, r0["device"])
-    rows = [strategy_row(raws, layout, cost, prof if cfg.memory else None, cfg, row_strategy(cfg, raws[0]["strategy"]))
+    prof, shape = _profile(cfg, r0["device"])
+    rows = [strategy_row(raws, shape, cost, prof if cfg.memory else None, cfg, row_strategy(cfg, raws[0]["strategy"]))
             for raws in per_strategy]
-    ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
-    ddp_bytes = ddp["bytes"]["trace"] if ddp else ring_bytes(plan("ddp", layout, r0["world"]))
+    ddp = next((r for r in rows if r["strategy"] == REFERENCE), None)  # the bytes every row is a multiple of
+    ddp_bytes = ddp["bytes"]["trace"] if ddp else ring_bytes(plan(REFERENCE, shape, r0["world"]))
     instrument = next((r["memory"]["instrument"] for r in rows if r["memory"]), "-")
-    header = (f"# minidist strategy comparison\n\n{cfg.model.name} ({layout.psi / 1e6:.2f}M parameters), world "
+    header = (f"# minidist strategy comparison\n\n{cfg.model.name} ({shape.psi / 1e6:.2f}M parameters), world "
               f"{r0['world']}, {r0['backend']} on {r0['device']}, batch {cfg.trainer.batch_size} per rank, {cfg.steps} "
               f"measured steps after {cfg.warmup_steps} warm-up; calibrated alpha {cost.alpha * 1e6:.1f} us, beta "
               f"{cost.beta * 1e9:.3f} ns/B ({1 / cost.beta / 1e9 if cost.beta else float('inf'):.2f} GB/s); memory "
               f"peak: {instrument}.")
     raws = [raw for raws in per_strategy for raw in raws]
     (run_dir / "timeline.json").write_text(json.dumps(timeline.chrome_trace(raws)))
-    proj_rows, clusters = _projection(cfg, rows, per_strategy, prof, layout, cost)
+    proj_rows, clusters = _projection(cfg, rows, per_strategy, shape, cost)
     devices = list(cfg.projection.devices_GB)
     with open(run_dir / "projection.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(proj_rows[0]))
@@ -108,7 +108,7 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
         w.writerows(proj_rows)
     files = rep.write_tables(run_dir, rows, ddp_bytes, header, {
         "calibration": {"alpha_s": cost.alpha, "beta_s_per_byte": cost.beta}, "projection": proj_rows,
-        "psi": layout.psi})
+        "psi": shape.psi})
     files += [plots.draw_comparison(rows, run_dir / "comparison.png", header.splitlines()[-1]),
               run_dir / "timeline.json", timeline.draw_png(raws, run_dir / "timeline.png"),
               run_dir / "projection.csv", projection.draw_png(proj_rows, clusters, run_dir / "projection.png", devices)]
@@ -123,34 +123,34 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     return {"rows": rows, "run_dir": str(run_dir), "projection": proj_rows}
 
 
-def _projection(cfg, rows: list[dict], per_strategy, prof: StepProfile, layout: Layout, cost: comm.CostModel):
+def _projection(cfg, rows: list[dict], per_strategy, shape: ModelShape, cost: comm.CostModel):
     """This machine's model on its calibrated link, and cfg.projection.params on every configured cluster.
 
     A tensor-parallel row keeps its tp group on consecutive ranks (inside a node while T <= GPUs per
     node) and its data parallelism across the nodes; each tp group shares T ranks' tokens, so compute
-    per rank is the other rows' (the measured model: its sliced layout and TP's calls as measured)."""
-    p = cfg.projection
+    per rank is the other rows' (the measured model: its sliced shape and TP's calls as measured)."""
+    p, names = cfg.projection, list(cfg.strategies)
     phases = rows[0]["time"]["baseline_phases"]
-    ddp_raw = next((raws[0] for raws in per_strategy if raws[0]["strategy"] == "ddp"), None)
-    buckets = tuple(ddp_raw["bucket_numels"]) if ddp_raw else layout.bucket_numels
-    here = dataclasses.replace(layout, bucket_numels=buckets)
-    names = list(cfg.strategies)
-    hybrid = next((raws[0]["mesh"]["shape"][-1] for raws in per_strategy if raws[0]["strategy"] == "hybrid_shard"), None)
-    sliced = {raws[0]["strategy"]: tensor_parallel_of(raws[0], layout, cfg) for raws in per_strategy if raws[0]["tp"]}
-    measured = projection.Subject(f"{layout.psi / 1e6:.1f}M (this machine)",
-                                  {s: sliced[s][0] if s in sliced else here for s in names},
-                                  phases.get("forward", 0.0), phases.get("backward", 0.0), None, ("calibrated",),
-                                  hybrid or per_strategy[0][0]["world"], {s: tp for s, (_, tp) in sliced.items()})
+    r0 = per_strategy[0][0]
+    reference = next((raws[0]["bucket_numels"] for raws in per_strategy if raws[0]["strategy"] == REFERENCE), ())
+    measured = {raws[0]["strategy"]: tensor_parallel_of(raws[0], shape, cfg) for raws in per_strategy}
+    options = {s: row_strategy(cfg, s) for s in names}
+    here = projection.Subject(
+        f"{shape.psi / 1e6:.1f}M (this machine)", {s: measured[s][0] for s in names}, phases.get("forward", 0.0),
+        phases.get("backward", 0.0), None, ("calibrated",), r0["local_world"],
+        {s: measured[s][1] if measured[s][2] else Wire(tuple(reference)) for s in names}, options,
+        {s: tp for s, (_, _, tp) in measured.items() if tp is not None})
     compute = 6 * p.params * p.tokens_per_rank / p.flops_per_s
-    node = next(iter(p.clusters.values())).gpus_per_node if p.clusters else 8  # hybrid_shard's group: a node
     big = projection.Subject(
-        f"{p.params / 1e9:g}B", {s: _wire_layout(p, row_strategy(cfg, s)) for s in names}, compute / 3,
-        2 * compute / 3, lambda s, n: _states(p.params, s, n, node), tuple(p.clusters),
-        tp={s: _wire_tp(p, row_strategy(cfg, s)) for s in names if parse_row(s)[1] > 1})
+        f"{p.params / 1e9:g}B", {s: ModelShape.uniform(p.params / options[s].get("tp_size", 1), p.layers)
+                                 for s in names}, compute / 3, 2 * compute / 3,
+        lambda s, n, group: _states(p.params, s, group), tuple(p.clusters),
+        wires={s: _wire(p, options[s]) for s in names}, options=options,
+        tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1})
     clusters = [projection.calibrated(cost.alpha, cost.beta)] + [
         projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9, c.net_alpha_us * 1e-6,
                            c.nic_GBps * 1e9, c.nics_per_node, c.label) for name, c in p.clusters.items()]
-    return projection.project([measured, big], clusters, names, list(p.ranks), list(p.devices_GB)), clusters
+    return projection.project([here, big], clusters, names, list(p.ranks), list(p.devices_GB)), clusters
 
 
 def _wire_tp(p, strategy_cfg) -> TensorParallel:
@@ -161,28 +161,26 @@ def _wire_tp(p, strategy_cfg) -> TensorParallel:
     return TensorParallel.of_gpt(shape, strategy_cfg.tp_size, p.tokens_per_rank, strategy_cfg.tp_size, 1,
                                  sequence_parallel=strategy_cfg.sequence_parallel,
                                  vocab_parallel=strategy_cfg.vocab_parallel,
-                                 itemsize=_bytes(getattr(strategy_cfg, "param_dtype", None)))
+                                 itemsize=_bytes(strategy_cfg.get("param_dtype")))
 
 
 def _bytes(dtype) -> int:
     return 4 if dtype is None else torch.empty(0, dtype=dtype.torch_dtype).element_size()
 
 
-def _wire_layout(p, strategy_cfg) -> Layout:
-    """The projected model's layout, in the dtypes the engine moves (FSDP's param_dtype / reduce_dtype; else
-    fp32); with tensor parallelism a rank's slices, psi / T (the embeddings' share ignored)."""
-    gather = _bytes(getattr(strategy_cfg, "param_dtype", None))
-    reduce = _bytes(getattr(strategy_cfg, "reduce_dtype", None) or getattr(strategy_cfg, "param_dtype", None))
-    return Layout.uniform(p.params / strategy_cfg.get("tp_size", 1), p.layers, int(p.bucket_cap_mb * MIB),
-                          itemsize=reduce, param_itemsize=gather)
+def _wire(p, strategy_cfg) -> Wire:
+    """How the projected model travels: DDP-sized buckets of p.bucket_cap_mb, in the dtypes the engine moves
+    (FSDP's param_dtype / reduce_dtype; else fp32); with tensor parallelism a rank's slices, psi / T."""
+    gather = _bytes(strategy_cfg.get("param_dtype"))
+    reduce = _bytes(strategy_cfg.get("reduce_dtype") or strategy_cfg.get("param_dtype"))
+    return Wire.even_buckets(p.params / strategy_cfg.get("tp_size", 1), int(p.bucket_cap_mb * MIB), reduce, gather)
 
 
-def _states(psi: float, row: str, n: int, node: int) -> float:
-    """ZeRO's model states per rank as the engines keep them (fp32 AdamW: 4 + 4 + 8 bytes per parameter);
-    a tensor-parallel row's: psi / T over the N / T data-parallel ranks."""
+def _states(psi: float, row: str, group: int) -> float:
+    """ZeRO's model states per rank as the engines keep them (fp32 AdamW: 4 + 4 + 8 bytes per parameter),
+    split over `group` ranks; a tensor-parallel row's: psi / T."""
     strategy, tp = parse_row(row)
-    n //= tp
-    return model_state_bytes(psi / tp, strategy, min(node, n) if strategy == "hybrid_shard" else n, 4, 4, 8)["total"]
+    return strategies.get(strategy).model_state_bytes(psi / tp, group, 4, 4, 8)["total"]
 
 
 def estimate_table(cfg) -> str:
@@ -191,9 +189,9 @@ def estimate_table(cfg) -> str:
     if e.params:
         return _paper_table(cfg)
     dtype = e.dtype.torch_dtype
-    prof, layout = _profile(cfg, e.device, dtype)
+    prof, shape = _profile(cfg, e.device, dtype)
     k = 2 * prof.itemsize if cfg.optim.name == "adamw" else prof.itemsize
-    lines = [f"predicted per-rank peak memory, MiB: {cfg.model.name} ({layout.psi / 1e6:.2f}M parameters, "
+    lines = [f"predicted per-rank peak memory, MiB: {cfg.model.name} ({shape.psi / 1e6:.2f}M parameters, "
              f"{str(dtype).removeprefix('torch.')}), batch {cfg.trainer.batch_size} per rank, {cfg.optim.name} "
              f"(K = {k} bytes/param); in brackets ZeRO's model states alone, (p + g + K) psi family",
              f"{'strategy':<14}" + "".join(f"{'N=' + str(n):>20}" for n in e.worlds)]
@@ -201,14 +199,13 @@ def estimate_table(cfg) -> str:
         if parse_row(name)[1] > 1:  # the engines' footprints describe data parallelism only
             lines.append(f"{name:<14}  not estimated (tensor parallelism: the footprints describe data parallelism)")
             continue
-        so = cfg.strategy_options[name]
+        so, record = cfg.strategy_options[name], strategies.get(name)
         cells = []
         for n in e.worlds:
-            settings = settings_of(so, world=n)
-            est = estimate_memory(prof, name, n, device=e.device, optimizer=cfg.optim.name,
-                                  backend="nccl" if e.device == "cuda" else "gloo", **settings)
-            states = model_state_bytes(layout.psi, name, settings.get("shard_size", n), prof.itemsize, prof.itemsize,
-                                       k)["total"]
+            group = record.state_group(so, n, e.gpus_per_node)
+            est = estimate_memory(prof, so, n, device=e.device, optimizer=cfg.optim.name, group=group,
+                                  backend="nccl" if e.device == "cuda" else "gloo")
+            states = record.model_state_bytes(shape.psi, group, prof.itemsize, prof.itemsize, k)["total"]
             cells.append(f"{est.total / MIB:9.2f} [{states / MIB:8.2f}]")
         lines.append(f"{name:<14}" + "".join(f"{c:>20}" for c in cells))
     return "\n".join(lines)
@@ -222,20 +219,15 @@ def _paper_table(cfg) -> str:
              f"{'mixed precision' if e.precision == 'mixed' else 'fp32'} (p = {p}, g = {g}, K = {k} bytes per "
              f"parameter); ZeRO's formulas, no activations",
              f"{'strategy':<14}{'formula':>26}" + "".join(f"{'N=' + str(n):>10}" for n in e.worlds)]
-    formulas = {"ddp": "(p+g+K) psi", "zero1": "(p+g) psi + K psi/N", "zero1_broadcast": "(p+g) psi + K psi/N",
-                "zero2": "p psi + (g+K) psi/N", "shard_grad_op": "p psi + (g+K) psi/N",
-                "full_shard": "(p+g+K) psi/N", "hybrid_shard": "(p+g+K) psi/G", "no_shard": "(p+g+K) psi"}
     for row in cfg.strategies:  # a tensor-parallel row: a rank's slices, psi / T, over the N / T others
-        (name, t), so = parse_row(row), cfg.strategy_options[parse_row(row)[0]]
-        cells = [f"{model_state_bytes(e.params / t, name, _states_world(name, n // t, so), p, g, k)['total'] / 1e9:.1f}"
-                 if n % t == 0 else "-" for n in e.worlds]
-        formula = formulas[name] if t == 1 else formulas[name].replace("psi", "psi/T").replace("/N", "/D")
+        (name, t), so = parse_row(row), row_strategy(cfg, row)
+        record = strategies.get(name)
+        groups = [record.state_group(so, n, e.gpus_per_node) for n in e.worlds]
+        cells = [f"{record.model_state_bytes(e.params / t, group, p, g, k)['total'] / 1e9:.1f}" if n % t == 0 else "-"
+                 for n, group in zip(e.worlds, groups)]
+        formula = record.states_formula
+        formula = formula if t == 1 else formula.replace("psi", "psi/T").replace("/N", "/D")
         lines.append(f"{row:<14}{formula:>26}" + "".join(f"{c:>10}" for c in cells))
     if any(parse_row(row)[1] > 1 for row in cfg.strategies):
         lines.append("<strategy>+tp<T>: a rank's slices, psi/T (the embeddings' share ignored), over D = N / T ranks")
     return "\n".join(lines)
-
-
-def _states_world(name: str, n: int, so) -> int:
-    """The ranks a strategy shards its states over: hybrid_shard's shard group, else all of them."""
-    return min(getattr(so, "shard_size", None) or n, n) if name == "hybrid_shard" else n

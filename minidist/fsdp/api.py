@@ -257,13 +257,13 @@ class FSDP(nn.Module):
         rows are not part of any sharded parameter), so a sum over the shard group's local
         sums counts every element once; replicas (HSDP, no_shard) hold copies and are not
         summed again. Parameters also split over another dimension (tensor parallelism) are
-        refused in one line: minidist.train.parallelize.clip_grad_norm_ sums over every
+        refused in one line: minidist.parallel.parallelize.clip_grad_norm_ sums over every
         dimension. Under CPU offload the norm travels to the compute device for the
         all_reduce and the scaling happens where the grads are.
         """
         info = self.mesh_info
         groups = clip.NamedGroups({info.shard_dim: info.shard_group} if info.shard_dim else {},
-                                  "FSDP.clip_grad_norm_", "minidist.train.parallelize.clip_grad_norm_")
+                                  "FSDP.clip_grad_norm_", "minidist.parallel.parallelize.clip_grad_norm_")
         pieces = [(fp.sharded, fp.sharded.grad) for u in self._units for fp in u.shards.params]
         return clip.clip_grad_norm_(pieces, max_norm, groups, device=self.compute_device, norm_type=norm_type)
 

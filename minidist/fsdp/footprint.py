@@ -41,7 +41,8 @@ import torch
 import torch.nn as nn
 
 from minidist.comm.ring import algorithm_for
-from minidist.footprint import At, Held, ModelLayout, OptimizerModel
+from minidist.footprint import At, Held, OptimizerModel
+from minidist.shape import ModelShape
 
 STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
@@ -68,7 +69,7 @@ def _gathered(strategy: str, at: At, last: int, m_fwd: int, m_bwd: int) -> tuple
     return [0] + (list(range(1, u + 1)) if keep else [u] + behind), behind
 
 
-def held(layout: ModelLayout, strategy: str, world: int, *, shard_size: int | None = None,
+def held(layout: ModelShape, strategy: str, world: int, *, shard_size: int | None = None,
          optimizer: OptimizerModel = OptimizerModel(), prefetch: int = 1, backend: str = "gloo",
          device_type: str = "cpu", param_itemsize: int | None = None,
          reduce_itemsize: int | None = None) -> list[Held]:

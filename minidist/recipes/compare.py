@@ -28,31 +28,26 @@ def compose(args: list[str], config_dir: str | None = None,
     estimate: check for `--estimate`'s worlds (estimate.worlds) instead."""
     from hydra.core.config_store import ConfigStore
 
-    from minidist import runtime
-    from minidist.compare.config import CompareConfig, check, check_rows_world
-    from minidist.train.compose import ConfigError, check_shard_size, compose_config
+    from minidist import runtime, strategies
+    from minidist.cli.compose import ConfigError, compose_config
+    from minidist.compare.config import CompareConfig, check, check_rows_world, parse_row
 
     ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
     cfg = compose_config(args, config_name="compare", config_dir=config_dir)
+    world_size, local = (None, None) if estimate else runtime.launched_world() if world is None else world
     try:
         check(cfg)
+        if world_size is not None:  # each tensor-parallel degree against the world (one line naming `strategies`)
+            check_rows_world(cfg, world_size)
+        for name in dict.fromkeys(parse_row(row)[0] for row in cfg.strategies):  # each strategy's own rules
+            key, options = f"strategy_options.{name}", cfg.strategy_options[name]
+            if estimate:  # a group larger than a tabulated world is that whole world (minidist.compare.run)
+                e = cfg.estimate
+                strategies.get(name).check(options, key, list(e.worlds), e.gpus_per_node, "estimate.worlds")
+            elif world_size is not None:
+                strategies.get(name).check(options, key, [world_size], local)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if not estimate:  # each tensor-parallel degree against the world (one line naming `strategies`)
-        world_size = (runtime.launched_world() if world is None else world)[0]
-        if world_size is not None:
-            try:
-                check_rows_world(cfg, world_size)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-    if "hybrid_shard" in cfg.strategies:
-        key, size = "strategy_options.hybrid_shard.shard_size", cfg.strategy_options.hybrid_shard.shard_size
-        if estimate:  # a group larger than a tabulated world is that whole world (minidist.compare.run)
-            check_shard_size(key, size, list(cfg.estimate.worlds), worlds_key="estimate.worlds")
-        else:
-            world_size, local = runtime.launched_world() if world is None else world
-            if world_size is not None:
-                check_shard_size(key, size, [world_size], local)
     return cfg
 
 
@@ -96,7 +91,7 @@ def _parse(argv: list[str]):
 
 
 def _compose_args(args, world, estimate: bool):
-    from minidist.train.compose import ConfigError
+    from minidist.cli.compose import ConfigError
 
     if args.multirun:
         raise ConfigError("recipes.compare runs no sweep: it measures every strategy of strategies=[...] in "

@@ -48,7 +48,7 @@ def run_hydra(args, parser, task, config_name: str) -> None:
     """Hydra's own entry (what @hydra.main calls) over minidist's configs/<config_name>.yaml."""
     from hydra._internal.utils import _run_hydra
 
-    from minidist.train.config import CONFIG_DIR
+    from minidist.cli.config import CONFIG_DIR
 
     _run_hydra(args=args, args_parser=parser, task_function=task or _no_task, config_path=str(CONFIG_DIR),
                config_name=args.config_name or config_name)

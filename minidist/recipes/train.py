@@ -18,7 +18,7 @@ optim, trainer, logger, experiment) and Hydra's flags (minidist.recipes.hydra_cl
    of one), with the backend and timeout the jobs agree on.
 3. Hydra runs the jobs: the informational flags through Hydra's own `_run_hydra`, a
    sweep through hydra/sweeper=minidist and hydra/launcher=minidist (every rank runs
-   the same jobs in the same order; see minidist.train.jobs), a single run through the
+   the same jobs in the same order; see minidist.cli.jobs), a single run through the
    same per-job runner. Each job trains in its own directory (hydra.run.dir, or
    hydra.sweep.dir/hydra.sweep.subdir), which only the main process writes.
 4. The process ends through runtime.run_main with the job's status: 0; 75 preempted after
@@ -117,7 +117,7 @@ def _check_jobs(args, world: tuple[int | None, int | None] | None = None) -> lis
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from minidist.train.compose import ConfigError, compose_config, register_schemas
+    from minidist.cli.compose import ConfigError, compose_config, register_schemas
 
     register_schemas()
     if args.config_path is not None:
@@ -148,7 +148,7 @@ def _check_jobs(args, world: tuple[int | None, int | None] | None = None) -> lis
 
 
 def _run_single(args, job: Job) -> None:
-    """One job in hydra.run.dir, through minidist.train.jobs.run_job (Hydra's Hydra.run, minus its writes)."""
+    """One job in hydra.run.dir, through minidist.cli.jobs.run_job (Hydra's Hydra.run, minus its writes)."""
     import os
 
     from hydra._internal.callbacks import Callbacks
@@ -159,8 +159,8 @@ def _run_single(args, job: Job) -> None:
     from hydra.types import RunMode
     from omegaconf import open_dict
 
-    from minidist.train.config import CONFIG_DIR
-    from minidist.train.jobs import run_job
+    from minidist.cli.config import CONFIG_DIR
+    from minidist.cli.jobs import run_job
 
     search_path = create_automatic_config_search_path(None, None, str(CONFIG_DIR))
     if args.config_dir is not None:

@@ -17,7 +17,7 @@ Read in this order:
   plan.py        parallelize_gpt: the layout for minidist.models.GPT
   cost.py        every collective of the plan's step, and its bytes, by formula
 
-With data parallelism on a 2-D mesh (strategy.tp_size in the recipes): minidist.train.parallelize
+With data parallelism on a 2-D mesh (strategy.tp_size in the recipes): minidist.parallel.parallelize
 applies parallelize_gpt over layout["tp"] first, then DDP, ZeRO or FSDP over "dp".
 
 Bytes per rank and step, per transformer block (b*s tokens, width h, N ranks, element size e):

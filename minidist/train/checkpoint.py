@@ -2,7 +2,7 @@
 
     <run dir>/checkpoints/step_0000200/
         model.pt              the whole model, and a plain optimizer's whole state by parameter name
-                              (minidist.train.portable), written by the main process
+                              (minidist.parallel.portable), written by the main process
         shard_{coord}.pt      the rank at mesh coordinate coord: its engine's sharded state, the
                               model's and its optimizer's (FSDP) or the optimizer's (ZeRO-1)
         state_{coord}.pt      its RNG states, and the step and data position (the same on every rank)
@@ -12,17 +12,17 @@
 
 coord is the rank's coordinate on every mesh dimension ("dp1", "replicate0_shard1",
 "dp0_tp1"), so two ranks that differ in any dimension never write the same file. What goes
-where is decided by what the wrapped objects offer, not by a strategy name: a model with
-`sharded_state_dict(optimizer)` (FSDP) saves its shards together with the optimizer state
-that belongs to them; otherwise the main process saves the whole model (tensor-parallel
-slices gathered first), and an optimizer with `sharded_state_dict()` (ZeRO-1) saves one
+where is decided by the contract the strategy's engines offer (its record says which:
+minidist.strategies.contract), not by its name: a sharded model (FSDP) saves its shards
+together with the optimizer state that belongs to them; otherwise the main process saves the
+whole model (tensor-parallel slices gathered first), and a sharded optimizer (ZeRO) saves one
 shard per rank. Sharded files are read back from every saved rank of the same tp slice
 and the engines cut out what the current layout needs, so a checkpoint written at N
 processes resumes at M.
 
 Across strategies: a whole model loads into any strategy (FSDP through its
 load_full_state_dict), and a whole optimizer state into any plain optimizer, FSDP's
-included (see minidist.train.portable); sharded files load into any engine that reads
+included (see minidist.parallel.portable); sharded files load into any engine that reads
 them (FSDP's into every FSDP strategy, at any world size). Anything else is refused in
 one line naming the strategy that wrote the checkpoint, except an optimizer state that
 only its own engine reads: the weights are loaded, the optimizer starts afresh, and the
@@ -50,11 +50,12 @@ import torch.nn as nn
 
 from minidist import comm
 from minidist.mesh import TP, Layout
-from minidist.train import portable
+from minidist.parallel import portable
 from minidist.train.checkpoint_files import (MARKER, SHARDED, WHOLE, WITH_MODEL, CheckpointError, Contents, fsync_dir,
                                              contents, coordinate, legacy_shapes, load_file, rng_state, save_file,
                                              set_rng_state, verify, write_bytes_durably)
-from minidist.train.parallelize import FSDP_STRATEGIES, unwrap
+from minidist.parallel.parallelize import unwrap
+from minidist.strategies import contract, get, records
 
 __all__ = ["Checkpointer", "CheckpointError", "MARKER"]
 
@@ -63,7 +64,8 @@ class Checkpointer:
     """Saves, verifies and loads the checkpoints of one run directory (the same path on every rank).
 
     shapes: the whole model's state_dict shapes (before any wrapper), recorded so that a
-    changed model is named without opening an engine's files; strategy: its name, for messages.
+    changed model is named without opening an engine's files; strategy: its name (its record says
+    which contract the engines offer: what is saved whole and what in shards).
     """
 
     def __init__(self, run_dir: Path, keep_last: int, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -72,6 +74,9 @@ class Checkpointer:
         self.keep_last = max(1, keep_last)
         self.model, self.optimizer, self.layout = model, optimizer, layout
         self.shapes, self.strategy = {k: tuple(v) for k, v in shapes.items()}, strategy
+        self.record = get(strategy)
+        self.sharded_model = self.record.model_engine is contract.ShardedModel
+        self.sharded_optimizer = self.record.optimizer_engine is contract.ShardedOptimizerState
         self.main = layout.is_main
 
     def step_dir(self, step: int) -> Path:
@@ -121,16 +126,16 @@ class Checkpointer:
         """This rank's files, and where the model and the optimizer state went (WHOLE / SHARDED / WITH_MODEL)."""
         model, opt, files = self.model, self.optimizer, {}
         shard = f"shard_{self.layout.key}.pt"
-        if hasattr(model, "sharded_state_dict"):
+        if self.sharded_model:
             files[shard] = save_file(model.sharded_state_dict(optimizer=opt), d / shard)
             return files, (SHARDED, WITH_MODEL)
-        sharded_opt = hasattr(opt, "sharded_state_dict")
-        if sharded_opt:
+        if self.sharded_optimizer:
             files[shard] = save_file(opt.sharded_state_dict(), d / shard)
-        whole = portable.whole_state(model, None if sharded_opt else opt, self.layout)  # a collective
+        whole = portable.whole_state(model, None if self.sharded_optimizer else opt, self.layout,
+                                     self.record)  # a collective
         if self.main:
             files["model.pt"] = save_file(whole, d / "model.pt")
-        return files, (WHOLE, SHARDED if sharded_opt else WHOLE)
+        return files, (WHOLE, SHARDED if self.sharded_optimizer else WHOLE)
 
     # ------------------------------------------------------------------ find
     def usable(self, explicit: Path | None = None) -> Path | None:
@@ -186,11 +191,12 @@ class Checkpointer:
 
     def _check_can_read(self, d: Path, what: Contents) -> None:
         """One line naming what wrote the checkpoint, where this run's engines cannot read it."""
-        if what.model == SHARDED and not hasattr(self.model, "load_sharded_state_dict"):
+        if what.model == SHARDED and not self.sharded_model:
             raise CheckpointError(
                 f"checkpoint {d} was written by strategy={what.strategy}, which keeps the model in per-rank "
                 f"shards only; strategy={self.strategy} needs the whole model: resume with one of "
-                f"{', '.join(FSDP_STRATEGIES)} (any number of processes), or start a new run")
+                f"{', '.join(r.name for r in records() if r.model_engine is contract.ShardedModel)} (any number "
+                f"of processes), or start a new run")
         sharded_files = what.model == SHARDED or what.optimizer == SHARDED
         if sharded_files and what.tp != self.layout.size(TP):
             raise CheckpointError(
@@ -205,18 +211,18 @@ class Checkpointer:
         whole = load_file(d / "model.pt")
         if what.legacy:  # the whole optimizer state by position, before names
             whole = {"model": whole["model"]} | (
-                {"optimizer": portable.optimizer_from_positions(whole["optimizer"], unwrap(model))}
+                {"optimizer": portable.optimizer_from_positions(whole["optimizer"], unwrap(model, self.record))}
                 if "optimizer" in whole else {})
-        if hasattr(opt, "load_sharded_state_dict"):  # ZeRO-1: its own shards, or nothing it can read
-            portable.load_whole(model, None, whole, self.layout)
+        if self.sharded_optimizer:  # ZeRO: its own shards, or nothing it can read
+            portable.load_whole(model, None, whole, self.layout, self.record)
             if what.optimizer == SHARDED:
                 opt.load_sharded_state_dict(self._shards(d, files, what))
                 return ""
             return self._fresh_optimizer(what, "whole")
         if what.optimizer == SHARDED:
-            portable.load_whole(model, None, whole, self.layout)
+            portable.load_whole(model, None, whole, self.layout, self.record)
             return self._fresh_optimizer(what, "in ZeRO-1's shards")
-        portable.load_whole(model, opt, whole, self.layout)
+        portable.load_whole(model, opt, whole, self.layout, self.record)
         return ""
 
     def _fresh_optimizer(self, what: Contents, saved_as: str) -> str:

@@ -151,7 +151,7 @@ def contents(d: Path, manifest: dict) -> Contents:
         model, optimizer = SHARDED, WITH_MODEL
     else:
         model, optimizer = WHOLE, SHARDED if shards else WHOLE
-    return Contents(_strategy_of_run(d) or ("an FSDP strategy" if model == SHARDED else "zero1" if shards
+    return Contents(_strategy_of_run(d) or ("an FSDP strategy" if model == SHARDED else "a ZeRO strategy" if shards
                                             else "single or ddp"), (), (), model, optimizer, None, legacy=True)
 
 

@@ -19,6 +19,9 @@ from pathlib import Path
 
 from minidist.comm import Trace
 
+WANDB_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline", "run": "online"}
+"""$WANDB_MODE values wandb accepts, and the mode each means."""
+
 
 def comm_summary(trace: Trace) -> dict[str, float]:
     """Per-op calls and bytes of one traced step, flat for metrics: comm/all_reduce_bytes, ..."""
@@ -105,8 +108,6 @@ def _row_step(line: str) -> float:
 def wandb_settings(logger_cfg, run_dir: Path) -> dict:
     """mode, project and dir: the config's value if set, else wandb's environment variable, else
     minidist's default (offline, project minidist, the run directory). Explicit values win, as in wandb.init."""
-    from minidist.train.compose import WANDB_MODES
-
     mode = logger_cfg.mode.value if logger_cfg.mode is not None else \
         WANDB_MODES.get(os.environ.get("WANDB_MODE", "offline"), "offline")
     project = logger_cfg.project or os.environ.get("WANDB_PROJECT") or "minidist"

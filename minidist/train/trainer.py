@@ -31,13 +31,13 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from minidist import Topology, comm
+from minidist import Topology, comm, strategies
 from minidist.mesh import Layout
 from minidist.models.saved import save_model
 from minidist.train.checkpoint import Checkpointer
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
-from minidist.train.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
+from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
                                         parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config
@@ -61,6 +61,8 @@ class Run:
     model: torch.nn.Module
     """What forward/backward run on: the user's model inside its wrappers."""
     optimizer: torch.optim.Optimizer
+    strategy: strategies.Strategy
+    """The strategy's record: which contract its model and optimizer engines offer (minidist.strategies)."""
     stream: BatchStream
     val_stream: BatchStream
     ckpt: Checkpointer
@@ -145,8 +147,8 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
         logger.message(f"resumed from step {start} ({resumed_from})" + (f"; {note}" if note else ""))
     comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
-    return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, stream, val_stream, ckpt, logger, info,
-               watch, scaler, start)
+    return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, strategies.get(cfg.strategy.name), stream,
+               val_stream, ckpt, logger, info, watch, scaler, start)
 
 
 def _resume(cfg, ckpt: Checkpointer, stream: BatchStream, scaler=None) -> tuple[int, Path | None, str]:
@@ -181,14 +183,16 @@ def train_step(run: Run, step: int) -> StepStats:
             batch = [b.to(run.topo.device, non_blocking=True) for b in next(run.stream)]
             items += run.task.count(batch)
             last = micro == tc.grad_accum - 1
-            with contextlib.nullcontext() if last else no_sync(run.model, opt):  # backward inside: ZeRO and
-                with run.autocast():                                               # FSDP read it there
+            skip = contextlib.nullcontext() if last else no_sync(run.model, opt, run.strategy)
+            with skip:  # backward inside too: ZeRO and FSDP read it there
+                with run.autocast():
                     loss = run.task.loss(run.model, batch) / tc.grad_accum
                 (loss if run.scaler is None else run.scaler.scale(loss)).backward()
             step_loss += loss.detach()
         if run.scaler is not None and tc.grad_clip > 0:
             run.scaler.unscale_(opt)  # clip the true gradients
-        grad_norm = clip_grad_norm_(run.model, tc.grad_clip, run.layout, opt) if tc.grad_clip > 0 else None
+        grad_norm = clip_grad_norm_(run.model, tc.grad_clip, run.layout, opt,
+                                    strategy=run.strategy) if tc.grad_clip > 0 else None
         if run.scaler is None:
             opt.step()
         else:
@@ -246,7 +250,7 @@ def finish(run: Run) -> dict:
     """Final evaluation on the whole validation split, the model file, a text sample and the plot."""
     tc = run.cfg.trainer
     final = evaluate(run, None)
-    full_state = full_state_dict(run.model, run.layout)
+    full_state = full_state_dict(run.model, run.layout, run.strategy)
     result = {"run_dir": str(run.run_dir), "stopped": False, **run.info, **final, "step": tc.steps,
               "wall_s": time.perf_counter() - run.t0}
     if not run.layout.is_main:

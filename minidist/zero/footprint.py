@@ -44,7 +44,8 @@ import torch
 
 from minidist.buckets import footprint as reducer_footprint
 from minidist.buckets.policy import ReducerPolicy
-from minidist.footprint import At, Held, ModelLayout, OptimizerModel
+from minidist.footprint import At, Held, OptimizerModel
+from minidist.shape import ModelShape
 from minidist.zero.partition import partition_by_numel
 
 
@@ -64,7 +65,7 @@ def owner_shares(param_numels, world: int) -> list[list[int]]:
     return [[x for x, r in zip(param_numels, owner) if r == rank] for rank in range(world)]
 
 
-def _bucket_spans(layout: ModelLayout, policy: ReducerPolicy, device_type: str) -> list[tuple[int, int, int]]:
+def _bucket_spans(layout: ModelShape, policy: ReducerPolicy, device_type: str) -> list[tuple[int, int, int]]:
     """(numel, first, last) per bucket in launch order: the instants (reducer_footprint's backward
     positions, larger = earlier) of the bucket's first and last gradient. flat_shards.py builds
     its buckets with the rules of minidist.buckets.policy over the parameters in reverse, as the
@@ -76,7 +77,7 @@ def _bucket_spans(layout: ModelLayout, policy: ReducerPolicy, device_type: str) 
     return out
 
 
-def held(layout: ModelLayout, world: int, *, stage: int = 1, policy: ReducerPolicy = ReducerPolicy(),
+def held(layout: ModelShape, world: int, *, stage: int = 1, policy: ReducerPolicy = ReducerPolicy(),
          device_type: str = "cpu", optimizer: OptimizerModel = OptimizerModel(), param_itemsize: int | None = None,
          reduce_itemsize: int | None = None) -> list[Held]:
     """The paper's ZeRO-`stage` holdings at every instant of a step (module docstring).
@@ -115,7 +116,7 @@ def held(layout: ModelLayout, world: int, *, stage: int = 1, policy: ReducerPoli
     return rows
 
 
-def held_broadcast(layout: ModelLayout, world: int, *, policy: ReducerPolicy = ReducerPolicy(),
+def held_broadcast(layout: ModelShape, world: int, *, policy: ReducerPolicy = ReducerPolicy(),
                    device_type: str = "cpu", optimizer: OptimizerModel = OptimizerModel(),
                    backend: str = "gloo") -> list[Held]:
     """The owner-broadcast variant's holdings at every instant (module docstring)."""

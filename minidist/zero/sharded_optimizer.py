@@ -153,11 +153,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         so the squared norms are summed over the group: one all_reduce of a scalar (none
         for the owner-broadcast variant, whose ranks all hold every averaged gradient).
         Parameters also split over another dimension (tensor parallelism) are refused in
-        one line: minidist.train.parallelize.clip_grad_norm_ sums over every dimension.
+        one line: minidist.parallel.parallelize.clip_grad_norm_ sums over every dimension.
         """
         pieces, sharded = self.grad_pieces()
         groups = clip.NamedGroups({self.mesh_dim: self.process_group}, "ShardedOptimizer.clip_grad_norm_",
-                                  "minidist.train.parallelize.clip_grad_norm_")
+                                  "minidist.parallel.parallelize.clip_grad_norm_")
         every = [(p, None) for p in self._params] + pieces  # every rank forms the same groups
         return clip.clip_grad_norm_(every, max_norm, groups, device=self._params[0].device, norm_type=norm_type,
                                     also=(self.mesh_dim,) if sharded else ())

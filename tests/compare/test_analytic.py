@@ -1,5 +1,6 @@
-"""The call lists of minidist.compare.analytic against the closed forms, and the projection's cluster
-model written out by hand: ring or tree as NCCL picks, node and NIC bandwidth, overlap windows."""
+"""The call lists the strategies' records plan (minidist.compare.analytic.plan) against the closed forms,
+and the projection's cluster model written out by hand: ring or tree as NCCL picks, node and NIC
+bandwidth, overlap windows."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ import math
 
 import pytest
 
-from minidist.compare.analytic import Call, Layout, busbw_factor, calls_by_op, plan, ring_bytes
+from minidist.compare.analytic import busbw_factor, calls_by_op, plan, ring_bytes
 from minidist.compare.projection import HIDES, TREE_EFFICIENCY, Cluster, Subject, calibrated, call_time, project, verdicts
+from minidist.shape import ModelShape
+from minidist.strategies import Call, Wire
 
-EVEN = Layout(param_numels=(1200, 600, 600, 96), unit_numels=(96, 1200, 1200), bucket_numels=(1296, 1200))
+# units: the root (96 elements), then 1200 and 600 + 600; sizes only (each unit one flat buffer)
+EVEN = ModelShape(unit_param_numels=((96,), (1200,), (600, 600)), param_numels=(1200, 600, 600, 96),
+                  param_units=(1, 2, 2, 0))
+BUCKETS = Wire(bucket_numels=(1296, 1200))
 NODE = Cluster("dgx", 8, 2e-6, 450e9, 8e-6, 50e9, 8)  # 8 GPUs, NVLink 450 GB/s, 8 x 400 Gb/s
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_closed_forms_on_an_evenly_divisible_layout(n):
     s = 4 * EVEN.psi  # bytes; every unit and bucket divides by 2..16 (96, 1200, 1296 are multiples of 48)
-    sent = {name: ring_bytes(plan(name, EVEN, n, grad_clip=False)) for name in
+    sent = {name: ring_bytes(plan(name, EVEN, n, BUCKETS, grad_clip=False)) for name in
             ("ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "no_shard")}
     assert sent["ddp"] == 2 * s * (n - 1) // n
     assert sent["shard_grad_op"] == sent["ddp"] == sent["no_shard"]
@@ -25,27 +31,28 @@ def test_closed_forms_on_an_evenly_divisible_layout(n):
     assert sent["full_shard"] == (3 * s - root) * (n - 1) // n           # 1.5x DDP less the root's re-gather
     assert sent["zero1"] == sent["zero2"] == sent["ddp"]                # reduce_scatter + all_gather: an all_reduce
     assert sent["zero1_broadcast"] == 3 * s * (n - 1) // n               # + broadcasts: N-1 of N ranks send each share
-    calls = calls_by_op(plan("full_shard", EVEN, n))
+    calls = calls_by_op(plan("full_shard", EVEN, n, BUCKETS))
     assert calls == {"all_gather": 5, "reduce_scatter": 3, "all_reduce": 1}  # + the clip all_reduce
 
 
 def test_padding_hybrid_phases_and_dtypes():
-    lay = Layout(param_numels=(10, 7), unit_numels=(10, 7), bucket_numels=(17,))
+    lay = ModelShape(unit_param_numels=((10,), (7,)), param_numels=(10, 7), param_units=(0, 1))
     calls = plan("full_shard", lay, 3, grad_clip=False)
     assert [c.payload for c in calls if c.op == "reduce_scatter"] == [12 * 4, 9 * 4]  # padded to multiples of 3
-    hybrid = plan("hybrid_shard", EVEN, 8, shard_size=4, grad_clip=False)
+    hybrid = plan("hybrid_shard", EVEN, 8, group=4, grad_clip=False)
     ar = [c for c in hybrid if c.op == "all_reduce"]
     assert [c.group_size for c in ar] == [2, 2, 2] and [c.payload for c in ar] == [96, 1200, 1200]  # S_unit / G bytes
     assert all(c.ranks_spanned == 8 for c in ar)  # a replica group holds one rank per shard group
     assert ring_bytes(hybrid) == (3 * 4 * EVEN.psi - 4 * 96) * 3 // 4 + 2 * (4 * EVEN.psi // 4) // 2
-    phases = {(c.op, c.phase) for c in plan("full_shard", EVEN, 4) + plan("zero1_broadcast", EVEN, 4)}
+    phases = {(c.op, c.phase) for c in plan("full_shard", EVEN, 4) + plan("zero1_broadcast", EVEN, 4, BUCKETS)}
     assert phases == {("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward"),
                       ("all_reduce", "after"), ("all_reduce", "backward"), ("broadcast", "after")}
-    zero = plan("zero2", EVEN, 4)  # per bucket a reduce_scatter in backward, an all_gather after step; the clip
+    zero = plan("zero2", EVEN, 4, BUCKETS)  # per bucket a reduce_scatter in backward, an all_gather after; the clip
     assert [(c.op, c.phase) for c in zero] == [("reduce_scatter", "backward"), ("all_gather", "after")] * 2 + [
         ("all_reduce", "after")]
-    bf16 = Layout(EVEN.param_numels, EVEN.unit_numels, EVEN.bucket_numels, itemsize=4, param_itemsize=2)
-    ag, rs = (sum(c.payload for c in plan("full_shard", bf16, 4) if c.op == op) for op in ("all_gather", "reduce_scatter"))
+    bf16 = Wire(BUCKETS.bucket_numels, itemsize=4, gather_itemsize=2)
+    calls = plan("full_shard", EVEN, 4, bf16)
+    ag, rs = (sum(c.payload for c in calls if c.op == op) for op in ("all_gather", "reduce_scatter"))
     assert ag == 2 * (2 * sum(EVEN.unit_numels) - 96) and rs == 4 * sum(EVEN.unit_numels)  # gathered bf16, reduced fp32
 
 
@@ -90,9 +97,10 @@ def test_calibrated_is_this_machines_one_link():
 def test_verdicts_follow_each_strategys_window():
     """DDP hides behind backward only; ZeRO-1's parameter all_gather (after step) behind nothing; FSDP's gathers
     behind forward too."""
-    lay = Layout.uniform(1e9, 16, 25 * 2**20)
-    subj = Subject("1B", {s: lay for s in ("ddp", "zero1", "full_shard")}, forward_s=0.05, backward_s=0.1,
-                   memory=lambda s, n: 16e9 / (n if s == "full_shard" else 1), clusters=("dgx",))
+    rows = ("ddp", "zero1", "full_shard")
+    subj = Subject("1B", {s: ModelShape.uniform(1e9, 16) for s in rows}, forward_s=0.05, backward_s=0.1,
+                   memory=lambda s, n, group: 16e9 / (group if s == "full_shard" else 1), clusters=("dgx",),
+                   wires={s: Wire.even_buckets(1e9, 25 * 2**20) for s in rows})
     rows = project([subj], [NODE], ["ddp", "zero1", "full_shard"], [8, 64], [80.0, 141.0])
     by = {(r["strategy"], r["ranks"]): r for r in rows}
     ddp = by["ddp", 64]

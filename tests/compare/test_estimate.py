@@ -48,7 +48,7 @@ def test_ddp_footprint_follows_how_buckets_travel():
     metadata only); flat buckets (accelerators): one more copy of the gradients; as bucket views: the
     gradients are the buffers."""
     prof = _profile()
-    lay, p = prof.layout, prof.itemsize
+    lay, p = prof.shape, prof.itemsize
     for world in (1, 2):
         cpu = ddp_footprint.held(lay, world, device_type="cpu")
         assert all(h.bytes["buffers"] == 0 for h in cpu) and cpu[0].bytes["other"] == 0
@@ -64,7 +64,7 @@ def test_profile_and_estimate_structure():
     prof = _profile()
     assert len(prof.unit_numels) == 4 and prof.segments[0] == 0 and prof.segments[-1] == 0
     assert any(s.backward for s in prof.samples) and max(s.activations for s in prof.samples) > 0
-    assert prof.layout.param_units[0] == 0 and set(prof.layout.param_units) == {0, 1, 2, 3}
+    assert prof.shape.param_units[0] == 0 and set(prof.shape.param_units) == {0, 1, 2, 3}
     single, ddp1, ddp4 = (estimate_memory(prof, s, n) for s, n in (("single", 1), ("ddp", 1), ("ddp", 4)))
     assert single.total <= ddp1.total <= ddp4.total           # replicated; gloo packs launched buckets
     fs = [estimate_memory(prof, "full_shard", n).by_role["parameters"] for n in (1, 2, 4)]

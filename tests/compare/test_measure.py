@@ -12,7 +12,9 @@ import pytest
 
 from minidist.comm import CostModel
 from minidist.compare.analysis import strategy_row, tensor_parallel_of
-from minidist.compare.analytic import Layout, calls_by_op, padded_unit, plan
+from minidist.compare.analytic import calls_by_op, plan
+from minidist.shape import ModelShape
+from minidist.strategies.fsdp import padded_unit
 from minidist.compare.report import TABLES, terminal
 from minidist.compare.timeline import chrome_trace, draw_png
 
@@ -44,7 +46,7 @@ def body_measure(overrides: list[str]) -> list[dict]:
 
 @functools.lru_cache(maxsize=2)
 def profile_of(overrides: tuple[str, ...]):
-    """The fake-tensor step profile and layout of a configuration's model and batch."""
+    """The fake-tensor step profile and shape of a configuration's model and batch."""
     from minidist.compare.run import _profile
     from recipes.compare import compose
     return _profile(compose(list(overrides) + ["strategies=[ddp]"]))  # the plain model's: any world
@@ -65,18 +67,18 @@ def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[st
     per_rank = _RUNS[key]
     per_strategy = [list(raws) for raws in zip(*per_rank)]
     cfg = compose(overrides, world=(world, world))
-    prof, layout = profile_of(tuple(o for o in overrides if not o.startswith(("strategies", "memory"))))
-    rows = [strategy_row(raws, layout, CostModel(1e-4, 1e-9), prof, cfg, row_strategy(cfg, raws[0]["strategy"]))
+    prof, shape = profile_of(tuple(o for o in overrides if not o.startswith(("strategies", "memory"))))
+    rows = [strategy_row(raws, shape, CostModel(1e-4, 1e-9), prof, cfg, row_strategy(cfg, raws[0]["strategy"]))
             for raws in per_strategy]
-    return cfg, layout, per_strategy, rows
+    return cfg, shape, per_strategy, rows
 
 
-def check_bytes(cfg, layout: Layout, per_strategy, rows, world: int) -> None:
+def check_bytes(cfg, shape: ModelShape, per_strategy, rows, world: int) -> None:
     """The trace counts what the formulas say, call by call; every rank alike (no broadcast here)."""
     for raws, row in zip(per_strategy, rows):
         name = row["strategy"]
-        lay, tp = tensor_parallel_of(raws[0], layout, cfg)
-        calls = plan(name.partition("+")[0], lay, world, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
+        lay, wire, tp = tensor_parallel_of(raws[0], shape, cfg)
+        calls = plan(name.partition("+")[0], lay, world, wire, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
         assert row["bytes"]["trace"] == pytest.approx(row["bytes"]["formula"]), name
         assert row["bytes"]["payload"] == sum(c.payload for c in calls), name
         assert {op: round(n) for op, n in row["calls"].items()} == calls_by_op(calls), name
@@ -106,11 +108,11 @@ WORLD_2 = TINY + ["trainer.grad_clip=0"]
 
 
 def test_world_2_bytes_time_tables_timeline_and_memory(run_dist, tmp_path):
-    cfg, layout, per_strategy, rows = compare_rows(run_dist, 2, WORLD_2, STRATEGIES)
+    cfg, shape, per_strategy, rows = compare_rows(run_dist, 2, WORLD_2, STRATEGIES)
     assert [r["strategy"] for r in rows] == STRATEGIES
     by = {r["strategy"]: r for r in rows}
-    s, root = (sum(padded_unit(u, 2) for u in layout.unit_param_rows),  # whole rows per rank; the root's backward
-               padded_unit(layout.unit_param_rows[0], 2))               # gather is skipped
+    s, root = (sum(padded_unit(u, 2) for u in shape.unit_param_rows),  # whole rows per rank; the root's backward
+               padded_unit(shape.unit_param_rows[0], 2))               # gather is skipped
     assert by["full_shard"]["bytes"]["trace"] / by["shard_grad_op"]["bytes"]["trace"] == (3 * s - root) / (2 * s)
     ddp = by["ddp"]["bytes"]["trace"]
     for name in ("zero1", "zero2"):  # reduce_scatter + all_gather: DDP's bytes (buckets padded to N)
@@ -118,7 +120,7 @@ def test_world_2_bytes_time_tables_timeline_and_memory(run_dist, tmp_path):
     assert by["zero1_broadcast"]["bytes"]["trace"] == pytest.approx(1.5 * ddp)  # + S(N-1)/N of broadcasts
     assert by["hybrid_shard"]["bytes"]["trace"] == by["full_shard"]["bytes"]["trace"]  # G = N: no replicas...
     assert "this is full_shard" in by["hybrid_shard"]["note"]                          # ...and the row says so
-    check_bytes(cfg, layout, per_strategy, rows, 2)
+    check_bytes(cfg, shape, per_strategy, rows, 2)
     _check_timeline(per_strategy, 2, cfg.steps, tmp_path)
     for row in rows:
         t, b = row["time"], row["bytes"]
@@ -130,14 +132,14 @@ def test_world_2_bytes_time_tables_timeline_and_memory(run_dist, tmp_path):
     printed = terminal(rows, by["ddp"]["bytes"]["trace"])
     assert all(len(line) <= 120 for line in printed.splitlines()), max(printed.splitlines(), key=len)
     assert sum(title in printed for title in TABLES) == 3 and "this is full_shard" in printed
-    check_tp_row(cfg, layout, per_strategy[STRATEGIES.index("ddp+tp2")], by["ddp+tp2"], by["ddp"], printed)
+    check_tp_row(cfg, shape, per_strategy[STRATEGIES.index("ddp+tp2")], by["ddp+tp2"], by["ddp"], printed)
     for row in (by[name] for name in MEASURED_MEMORY):  # the estimate against torch's allocator events
         m = row["memory"]
         assert abs(m["error"]) <= 0.05, (row["strategy"], m["allocator"], m["estimate"])
         assert m["by_role"]["optimizer"] > 0 and m["by_role"]["parameters"] > 0
 
 
-def check_tp_row(cfg, layout: Layout, raws, row: dict, ddp: dict, printed: str) -> None:
+def check_tp_row(cfg, shape: ModelShape, raws, row: dict, ddp: dict, printed: str) -> None:
     """ddp+tp2 at world 2 is pure tensor parallelism (dp = 1): every collective of its step is one of
     minidist.tp.cost's for the batch its tp group shares (2 x trainer.batch_size: the same global batch as
     ddp's), plus DDP's reducer on its one-rank group (nothing sent); parameters per rank as sliced."""
@@ -154,10 +156,10 @@ def check_tp_row(cfg, layout: Layout, raws, row: dict, ddp: dict, printed: str) 
     assert b["formula"] == b["trace"] == cost.step_bytes(cfg.model, t["batch"], cfg.model.block_size, 2)
     assert row["closed_form"] == "8Lbshe(T-1)/T" and "TP = 8Lbshe(T-1)/T on the critical" in printed
     sliced = row["tp"]["psi_per_rank"]
-    assert layout.psi / 2 < sliced < layout.psi  # the blocks halve, embeddings and norms stay whole
+    assert shape.psi / 2 < sliced < shape.psi  # the blocks halve, embeddings and norms stay whole
     m = row["memory"]
     assert m["by_role"]["parameters"] == 4 * sliced == pytest.approx(ddp["memory"]["by_role"]["parameters"] * sliced
-                                                                      / layout.psi)
+                                                                      / shape.psi)
     assert m["estimate"] is None and m["allocator"] > 0  # measured, never made up
 
 
@@ -260,7 +262,6 @@ def body_loop_peaks(overrides: list[str]) -> dict:
 
 
 def test_memory_estimate_within_2_percent_in_both_loops(run_dist):
-    from minidist.compare.analysis import settings_of
     from minidist.compare.estimate import estimate_memory
     from recipes.compare import compose
 
@@ -269,8 +270,7 @@ def test_memory_estimate_within_2_percent_in_both_loops(run_dist):
     cfg = compose(overrides)
     prof, _ = profile_of(tuple(SMALL_BATCH))
     for name in LOOP_STRATEGIES:
-        est = estimate_memory(prof, name, 2, optimizer=cfg.optim.name, backend="gloo",
-                              **settings_of(cfg.strategy_options[name], world=2)).total
+        est = estimate_memory(prof, cfg.strategy_options[name], 2, optimizer=cfg.optim.name, backend="gloo").total
         for loop in LOOPS:
             measured = max(r[name][loop] for r in per_rank)  # the rank that holds the most
             assert abs(est / measured - 1) <= 0.02, (name, loop, est, measured)

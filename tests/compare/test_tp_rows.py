@@ -9,12 +9,14 @@ import types
 
 import pytest
 
-from minidist.compare.analytic import Layout, TensorParallel, calls_by_op, closed_form, plan, ring_bytes
+from minidist.cli.compose import ConfigError
+from minidist.compare.analytic import TensorParallel, calls_by_op, closed_form, plan, ring_bytes
 from minidist.compare.config import parse_row
 from minidist.compare.projection import Cluster, Subject, project
 from minidist.models.gpt import GPTConfig
+from minidist.shape import ModelShape
+from minidist.strategies import Wire
 from minidist.tp import cost
-from minidist.train.compose import ConfigError
 
 SMALL = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8", "trainer.batch_size=2"]
 
@@ -43,7 +45,7 @@ def _gpt_tp(size: int, dp: int, **kw) -> TensorParallel:
 
 
 def test_a_tp_rows_calls_are_tp_costs_plus_the_strategys_over_the_slices():
-    lay = Layout((1000, 24), (1000, 24), (1024,), unit_param_rows=(((100, 10),), ((24, 1),)))
+    lay = ModelShape(((1000,), (24,)), (1000, 24), (0, 1), unit_param_rows=(((100, 10),), ((24, 1),)))
     tp = _gpt_tp(2, 2, norm_dims=[("tp",), ()])
     calls = plan("ddp", lay, 4, tp=tp)
     tp_calls = [c for c in calls if c.phase == "critical"]
@@ -72,10 +74,10 @@ def _gpt_cfg() -> GPTConfig:
 
 def test_the_projection_keeps_tp_in_a_node_and_never_hides_it():
     node = Cluster("node8", 8, 2e-6, 450e9, 8e-6, 50e9, 8)
-    lay = Layout.uniform(1e9, 8, 25 * 2**20)
     big = TensorParallel.of_gpt(types.SimpleNamespace(n_layer=8, n_embd=3200), 8, 2048, 8, 1)  # 8 x 1B / 8
-    subj = Subject("1B", {"ddp": lay, "ddp+tp8": Layout.uniform(1e9 / 8, 8, 25 * 2**20)}, 0.1, 0.2, None, ("node8",),
-                   tp={"ddp+tp8": big})
+    subj = Subject("1B", {"ddp": ModelShape.uniform(1e9, 8), "ddp+tp8": ModelShape.uniform(1e9 / 8, 8)}, 0.1, 0.2,
+                   None, ("node8",), tp={"ddp+tp8": big},
+                   wires={"ddp": Wire.even_buckets(1e9, 25 * 2**20), "ddp+tp8": Wire.even_buckets(1e9 / 8, 25 * 2**20)})
     rows = project([subj], [node], ["ddp", "ddp+tp8"], [4, 8, 16, 64], [80.0])
     tp = {r["ranks"]: r for r in rows if r["strategy"] == "ddp+tp8"}
     assert sorted(tp) == [8, 16, 64]  # 4 ranks cannot hold a tp group of 8

@@ -92,3 +92,16 @@ def test_quoted_code_is_the_code():
     for ref in docs_facts.CODE_QUOTES["code_ddp_gradient_path"]:
         path, source = docs_facts.source_of(ref)
         assert f"`{path}`" in body and source.strip("\n") in body, ref
+
+
+def test_the_readme_ladder_is_the_records():
+    """Every rung the comparison runs by default is in README's ladder, each row naming a strategy quotes
+    its record's closed form (minidist.strategies), and the generated table is the records' own."""
+    from minidist import strategies
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| rung |"):].split("\n\n")[0].splitlines()[2:]
+    named = {r.name: row for row in table for r in strategies.records() if f"`{r.name}`" in row.split("|")[1]}
+    assert set(named) >= {r.name for r in strategies.records() if 1 in r.default_rows}, sorted(named)
+    for name, row in named.items():
+        assert strategies.get(name).closed_form.replace(" ", "") in row.replace(" ", ""), (name, row)
+    assert docs_facts.ladder.table() in (docs_facts.GENERATED / "strategies.md").read_text()

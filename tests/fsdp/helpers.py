@@ -79,7 +79,7 @@ def loss_of(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
 
 
 def fsdp2_args(strategy: str) -> dict:
-    """FSDP2's arguments for one of the recipes' FSDP1 names, as minidist.train.parallelize maps them
+    """FSDP2's arguments for one of the recipes' FSDP1 names, as minidist.parallel.parallelize maps them
     (hybrid_shard: pass mesh=hybrid_mesh(topo, shard=G) too). A collective for no_shard (its mesh)."""
     from minidist import runtime
     from minidist.mesh import hybrid_mesh

@@ -14,7 +14,7 @@ from minidist.recipes.compare import compose as compose_compare
 from minidist.recipes.compare import main as compare_main
 from minidist.recipes.train import _check_jobs
 from minidist.runtime import EXIT_USAGE
-from minidist.train.compose import ConfigError, compose_config
+from minidist.cli.compose import ConfigError, compose_config
 from minidist.train.run_dir import Action, decide
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from hydra._internal.utils import get_args_parser
 from omegaconf import OmegaConf
 
 from minidist.recipes.train import _check_jobs, main
-from minidist.train.compose import ConfigError
+from minidist.cli.compose import ConfigError
 from minidist.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]

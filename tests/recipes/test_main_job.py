@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from minidist.train.compose import compose_config
+from minidist.cli.compose import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 

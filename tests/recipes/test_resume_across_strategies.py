@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from minidist import runtime
-from minidist.train import compose_config, train
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
@@ -62,5 +63,5 @@ def test_resume_under_another_strategy(run_dist, tmp_path):
     line = main["refused"]
     assert all(r["refused"] == line for r in ranks) and "\n" not in line
     assert "was written by strategy=full_shard, which keeps the model in per-rank shards only; strategy=ddp " \
-        "needs the whole model: resume with one of full_shard, shard_grad_op, no_shard, hybrid_shard" in line, line
+        "needs the whole model: resume with one of shard_grad_op, full_shard, no_shard, hybrid_shard" in line, line
     assert main["untouched"]

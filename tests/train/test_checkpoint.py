@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from minidist import runtime
-from minidist.train import compose_config, train
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",

@@ -11,12 +11,13 @@ import torch
 import torch.nn as nn
 
 import minidist
-from minidist import runtime
+from minidist import runtime, strategies
 from minidist.mesh import DP, TP, ParallelDims, shard_param
 from minidist.models import GPT
-from minidist.train import compose_config, train
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.checkpoint import MARKER, Checkpointer
-from minidist.train.parallelize import full_state_dict
+from minidist.parallel.parallelize import full_state_dict
 
 SHAPES = {"col.weight": (6, 4), "col.bias": (6,), "row.weight": (3, 6), "row.bias": (3,)}
 
@@ -61,9 +62,10 @@ def _save_at_tp2(out: str, zero: bool) -> dict:
         else torch.optim.AdamW(model.parameters(), lr=0.1)
     _step(model, opt, 2, layout.coordinate[TP])
     mine = {k: v.clone() for k, v in model.state_dict().items()}
-    ckpt = Checkpointer(Path(out), 2, model, opt, layout, shapes=SHAPES, strategy="zero1" if zero else "ddp")
+    strategy = "zero1" if zero else "single"  # a plain model: no model engine either way
+    ckpt = Checkpointer(Path(out), 2, model, opt, layout, shapes=SHAPES, strategy=strategy)
     d = ckpt.save(1, {"step": 1, "data": {}})
-    whole = full_state_dict(model, layout)
+    whole = full_state_dict(model, layout, strategies.get(strategy))
     for p in model.parameters():  # forget, then load back
         p.data.zero_()
     ckpt.load(d)
@@ -77,7 +79,7 @@ def _load_at_tp1(out: str) -> dict:
     layout = ParallelDims.infer(1).build("cpu")
     model = TwoLinear()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    ckpt = Checkpointer(Path(out), 2, model, opt, layout, shapes=SHAPES, strategy="ddp")
+    ckpt = Checkpointer(Path(out), 2, model, opt, layout, shapes=SHAPES, strategy="single")
     ckpt.load(ckpt.usable())
     ref = TwoLinear()
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)

@@ -17,7 +17,8 @@ import io
 import pytest
 
 from minidist import runtime
-from minidist.train import compose_config, train
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
 
 BASE = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000", "data.val_percent=4",

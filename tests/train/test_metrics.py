@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from minidist.train.compose import compose_config
+from minidist.cli.compose import compose_config
 from minidist.train.metrics import RunLogger, keep_rows_up_to, read_metrics, wandb_settings
 
 

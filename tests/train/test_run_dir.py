@@ -8,7 +8,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from minidist.train.compose import compose_config
+from minidist.cli.compose import compose_config
 from minidist.train.run_dir import Action, RunRequest, decide, fingerprint, write_config
 
 

@@ -9,7 +9,8 @@ import torch
 
 import minidist
 from minidist import runtime
-from minidist.train import compose_config, train
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.metrics import read_metrics
 from tests.faults import stop_after
 

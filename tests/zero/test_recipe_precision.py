@@ -7,9 +7,10 @@ from pathlib import Path
 import torch
 
 from minidist import runtime
-from minidist.train import compose_config, train
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.checkpoint import load_file
-from minidist.train.parallelize import build_layout, build_optimizer, parallelize, precision_policy
+from minidist.parallel.parallelize import build_layout, build_optimizer, parallelize, precision_policy
 from minidist.train.task import make_task
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",

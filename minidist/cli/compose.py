@@ -2,7 +2,7 @@
 
     cfg = compose_config(["strategy=full_shard", "model.n_layer=6"])
 
-Every schema in minidist.train.config is registered in Hydra's ConfigStore and
+Every schema in minidist.cli.config is registered in Hydra's ConfigStore and
 each preset yaml names its schema in its defaults list, so OmegaConf rejects an
 unknown key or a wrong type; this module turns that rejection into one line
 naming the key and what is valid (ConfigError). Keys added with `+` bypass
@@ -20,25 +20,32 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from minidist import strategies
+from minidist.cli.config import CONFIG_DIR, RunConfig, groups
+from minidist.parallel.parallelize import check_tensor_parallel, layout_dims
 from minidist.runtime import UsageError, launched_world
 from minidist.tp.plan import check_degree
-from minidist.train.config import CONFIG_DIR, GROUPS, RunConfig
+from minidist.train.metrics import WANDB_MODES
 from minidist.train.preemption import signal_number
 
 
 def register_schemas() -> None:
     """Put every schema in Hydra's ConfigStore under schema/<group>/<name> (idempotent), with the
-    resolvers configs/config.yaml uses and minidist's Hydra launcher and sweeper (hydra/launcher=minidist)."""
-    import hydra_plugins.minidist_launcher.minidist_launcher  # noqa: F401 - stores hydra/{launcher,sweeper}/minidist
-
-    from minidist.train import help as app_help
+    resolvers configs/config.yaml uses. A registered strategy without a preset file
+    (configs/strategy/<name>.yaml) gets its preset there too: strategy=<name> composes its schema's
+    defaults. minidist's Hydra launcher and sweeper (hydra/launcher=minidist) register themselves:
+    Hydra imports every module of the hydra_plugins namespace when it starts."""
+    from minidist.cli import help as app_help
     from minidist.train.run_dir import hydra_dir
 
     cs = ConfigStore.instance()
     cs.store(name="schema_root", node=RunConfig)
-    for group, options in GROUPS.items():
+    for group, options in groups().items():
         for name, node in options.items():
             cs.store(group=f"schema/{group}", name=name, node=node)
+    for record in strategies.records():
+        if not (CONFIG_DIR / "strategy" / f"{record.name}.yaml").is_file():
+            cs.store(group="strategy", name=record.name, node=record.schema(name=record.name))
     OmegaConf.register_new_resolver("minidist.dir", hydra_dir, replace=True)
     app_help.register_resolvers()
 
@@ -47,10 +54,9 @@ class ConfigError(UsageError):
     """A configuration that does not compose; the message is one line (a UsageError: printed once, exit 64)."""
 
 
-WANDB_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline", "run": "online"}
-"""$WANDB_MODE values wandb accepts, and the mode each means."""
 
-_SCHEMAS = {cls.__name__: cls for opts in GROUPS.values() for cls in opts.values()} | {"RunConfig": RunConfig}
+def _schemas() -> dict[str, type]:
+    return {cls.__name__: cls for opts in groups().values() for cls in opts.values()} | {"RunConfig": RunConfig}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -75,7 +81,7 @@ def _one_line(exc: BaseException) -> str:
         return f"{key} cannot be removed (~{key}): every field of its schema is required; set it instead " \
                f"({key}=<value>; `--help` shows each option and its default)"
     if key and obj is not None and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
-        schema = _SCHEMAS.get(getattr(obj, "__name__", ""), obj)
+        schema = _schemas().get(getattr(obj, "__name__", ""), obj)
         valid = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
         return f"unknown key '{key}'; valid keys here: {', '.join(valid)}"
     if key:
@@ -127,7 +133,7 @@ def check_known_keys(node, path: str = "") -> None:
 def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Cross-group rules the schemas cannot express. world_size / local_world_size: the job's ranks and
     processes per node, when known (the rules that depend on them are skipped otherwise)."""
-    for group, options in GROUPS.items():
+    for group, options in groups().items():
         if OmegaConf.is_missing(cfg, group) or OmegaConf.get_type(cfg[group]) not in options.values():
             # ~data removes the group; an experiment's data.* keys then make an untyped node in its place
             raise ConfigError(f"no {group} config (removed with ~{group}?): every run needs one of "
@@ -174,38 +180,11 @@ def _check_strategy(st, world_size: int | None, local_world_size: int | None) ->
         raise ConfigError(f"strategy.prefetch={st.prefetch} must be >= 0 (units gathered ahead; 0 = none)")
     if world_size is None:
         return
-    if st.name == "hybrid_shard" and st.get("tp_size", 1) == 1:  # this line also explains null (per node)
-        check_shard_size("strategy.shard_size", st.shard_size, [world_size], local_world_size)
-    from minidist.train.parallelize import layout_dims  # the engines' own rule: single, tp_size x shard_size
-
-    try:
+    try:  # the strategy's own rules at this world (hybrid_shard's group; null explained), then its mesh's
+        strategies.get(st.name).check(st, "strategy", [world_size], local_world_size)
         layout_dims(st, world_size, local_world_size)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def check_shard_size(key: str, shard_size: int | None, worlds: list[int], local_world_size: int | None = None,
-                     worlds_key: str | None = None) -> None:
-    """hybrid_shard's shard group must divide the world (a (world / shard) x shard mesh); null = the
-    processes per node (local_world_size; the whole world where that is unknown). worlds_key: the worlds
-    are a tabulation's (minidist.compare's estimate.worlds), where a group larger than a world means
-    that whole world; else `worlds` is this job's one world."""
-    clamp = worlds_key is not None
-    def fits(size: int, world: int) -> bool:
-        return world % (min(size, world) if clamp else size) == 0
-
-    for world in worlds:
-        shard = shard_size or local_world_size or world
-        if fits(shard, world):
-            continue
-        valid = ", ".join(str(d) for d in range(1, max(worlds) + 1) if all(fits(d, w) for w in worlds))
-        where = f"{worlds_key} entry {world}" if clamp else f"the {world} ranks of this job"
-        if shard_size is None:
-            raise ConfigError(f"{key}=null means the processes per node ({shard}), which do not divide {where}; "
-                              f"set {key} to one of {valid}")
-        null = f"; null = the processes per node ({local_world_size})" if local_world_size else ""
-        raise ConfigError(f"{key}={shard} does not divide {where}: hybrid_shard needs a (world / shard) x shard "
-                          f"mesh; valid sizes: {valid}{null}")
 
 
 def check_model(model_cfg) -> None:
@@ -241,10 +220,8 @@ def _check_tp(cfg: DictConfig) -> None:
         raise ConfigError(f"strategy.tp_size={tp} must be >= 1 (1: no tensor parallelism)")
     if tp == 1:
         return
-    if cfg.model.name != "gpt":
-        raise ConfigError(f"strategy.tp_size={tp}: tensor parallelism has a plan for model=gpt only; "
-                          f"use strategy.tp_size=1 with model={cfg.model.name}")
     try:
+        check_tensor_parallel(cfg.model.name, tp, f"strategy.tp_size={tp}", "use strategy.tp_size=1")
         check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
                      setting="strategy.tp_size", prefix="model.")
     except ValueError as exc:

@@ -6,8 +6,8 @@ import torch
 
 from minidist import runtime
 from minidist.models import Block
-from minidist.train import compose_config
-from minidist.train.parallelize import build_layout, parallelize
+from minidist.cli import compose_config
+from minidist.parallel.parallelize import build_layout, parallelize
 from minidist.train.task import make_task
 
 CASES = {"ddp": [], "zero1": [], "full_shard": [], "no_shard": [], "hybrid_shard": ["strategy.shard_size=1"],

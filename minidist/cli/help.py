@@ -7,9 +7,9 @@ the config composed from the command line's overrides. Two resolvers fill it:
                            ${minidist.groups:model,data}: those groups only)
     ${minidist.options:}   key: value    # description  (one line per field of the composed config)
 
-The descriptions are the docstrings written under each field of the schemas
-(minidist/train/config.py), read from the source with `ast`, so they cannot drift
-from the code.
+The descriptions are the docstrings written under each field of the schemas (minidist/cli/config.py;
+a strategy's in its record module, minidist/strategies/), read from the source with `ast`, so they
+cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import textwrap
 
 from omegaconf import DictConfig, OmegaConf
 
-from minidist.train.config import CONFIG_DIR
+from minidist import strategies
+from minidist.cli.config import CONFIG_DIR
 
 
 def register_resolvers() -> None:
@@ -31,12 +32,14 @@ def register_resolvers() -> None:
 
 
 def groups_text(*only: str) -> str:
-    """'group: a, b, c' per user-facing config group (the yaml presets under configs/); `only`: these groups
-    (`${minidist.groups:model,data}`; the comparison has no strategy or experiment group)."""
+    """'group: a, b, c' per user-facing config group (the yaml presets under configs/, and every registered
+    strategy); `only`: these groups (`${minidist.groups:model,data}`; the comparison has no strategy or
+    experiment group)."""
     lines = []
     for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and (not only or p.name in only)):
-        choices = sorted(f.stem for f in group.glob("*.yaml"))
-        lines.append(f"{group.name}: {', '.join(choices)}")
+        choices = {f.stem for f in group.glob("*.yaml")} | (set(strategies.names()) if group.name == "strategy"
+                                                               else set())
+        lines.append(f"{group.name}: {', '.join(sorted(choices))}")
     return "\n".join(lines)
 
 

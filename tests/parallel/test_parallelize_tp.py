@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minidist import runtime
+from minidist import runtime, strategies
 from minidist.mesh import TP
 from minidist.models import Block
-from minidist.train import compose_config
-from minidist.train.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
+from minidist.cli import compose_config
+from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
                                         optimizer_class, parallelize)
 from minidist.train.task import make_task
 
@@ -72,13 +72,13 @@ def _run(case: str, extra: list[str], topo) -> dict:
     for x, y in zip(xs, ys):
         loss = model(x[rows], y[rows])[1]
         loss.backward()
-        norms.append(clip_grad_norm_(model, MAX_NORM, layout, opt).item())
+        norms.append(clip_grad_norm_(model, MAX_NORM, layout, opt, strategy=strategies.get(strategy)).item())
         opt.step()
         opt.zero_grad()
         losses.append(layout.all_reduce(loss.detach().clone()).item() / layout.dp_size)
     if hasattr(opt, "wait_for_params"):
         opt.wait_for_params()
-    whole = full_state_dict(model, layout)
+    whole = full_state_dict(model, layout, strategies.get(strategy))
     return {"mesh": dict(zip(layout.names, layout.mesh.shape)), "losses": losses, "norms": norms,
             "whole": whole, "tp_sliced": sum(TP in getattr(p, "sharded_over", {}) for p in model.parameters())}
 

@@ -1,4 +1,5 @@
-"""Typed schemas for every Hydra config group (composition: minidist.train.compose).
+"""Typed schemas for every Hydra config group (composition: minidist.cli.compose); the strategy group's
+are the strategies' own (minidist.strategies: each record names its schema).
 
 The yaml files under configs/ say *which values* a preset uses; the dataclasses
 here say *which keys exist and what type each has*. Each yaml file starts with
@@ -19,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from omegaconf import MISSING
 
-from minidist.fsdp.schedule import DEFAULT_PREFETCH
+from minidist import strategies
 from minidist.models.gpt import GPTConfig
 from minidist.runtime import BACKENDS
 
@@ -47,111 +47,6 @@ class WandbMode(enum.Enum):
 
 Backend = enum.Enum("Backend", {b: b for b in BACKENDS})
 """minidist.runtime.BACKENDS as a config type: auto, gloo, nccl."""
-
-
-class DType(enum.Enum):
-    """A floating-point dtype by its config name; `.torch_dtype` is the torch one."""
-
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
-
-
-# ----------------------------------------------------------------- strategy
-@dataclass
-class SingleStrategy:
-    """One process, no wrapper: the reference every other strategy must match."""
-
-    name: str = "single"
-    """Strategy name (set by the preset; do not override)."""
-
-
-@dataclass
-class DataParallelStrategy:
-    """What every data-parallel strategy shares: its name, then tensor parallelism inside it (the layers split
-    over "tp" first, the engine over the data-parallel ranks that remain: minidist.train.parallelize)."""
-
-    name: str = ""
-    """Strategy name (set by the preset; do not override)."""
-    tp_size: int = 1
-    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
-    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
-    sequence_parallel: bool = False
-    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
-    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
-    vocab_parallel: bool = False
-    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
-    from split logits; tp_size must divide model.vocab_size."""
-
-
-@dataclass
-class DDPStrategy(DataParallelStrategy):
-    """minidist.DDP: every rank holds the whole model; gradients are all-reduced in buckets."""
-
-    name: str = "ddp"
-    """Strategy name (set by the preset; do not override)."""
-    bucket_cap_mb: Optional[float] = None
-    """Gradient MiB per all_reduce bucket: bigger = fewer, later collectives. null = torch's
-    default: 25 MiB buckets after a 1 MiB first one (so the first all_reduce starts early)."""
-    find_unused_parameters: bool = False
-    """Tolerate parameters that get no gradient in a step (one small all_reduce of a used-bitmap per step)."""
-    gradient_as_bucket_view: bool = False
-    """Let .grad alias the bucket buffer (saves one gradient-sized copy)."""
-    broadcast_buffers: bool = True
-    """Broadcast buffers (BatchNorm statistics) from rank 0 before every forward."""
-    comm_hook: Optional[str] = None
-    """'module:function' of a DDP communication hook, or null for plain all_reduce."""
-    reduce_dtype: Optional[DType] = None
-    """Dtype gradients are all-reduced in (null = trainer.precision's: bf16/fp16 copies, fp32 otherwise)."""
-
-
-@dataclass
-class ZeroStrategy(DataParallelStrategy):
-    """minidist.ShardedOptimizer: ZeRO-1 (optimizer state sharded), ZeRO-2 (+ gradients), or zero1_broadcast
-    (torch's ZeroRedundancyOptimizer design: whole parameters, all_reduce, one broadcast per owner)."""
-
-    name: str = "zero1"
-    """Strategy name: zero1, zero2 or zero1_broadcast (set by the preset; do not override)."""
-    bucket_cap_mb: Optional[float] = None
-    """Gradient MiB per reduce_scatter (and parameter all_gather) bucket; null = DDP's default."""
-    overlap_param_gather: bool = False
-    """Let step() return with the parameter all_gathers in flight; each layer waits for its own just before
-    its forward (zero1, zero2)."""
-    reduce_dtype: Optional[DType] = None
-    """Dtype gradients are reduce-scattered in (null = trainer.precision's)."""
-
-
-@dataclass
-class FSDPStrategy(DataParallelStrategy):
-    """minidist.FSDP: parameters, gradients (and optimizer state) sharded over ranks. The strategy's name
-    sets FSDP2's arguments (minidist.train.parallelize): reshard_after_forward, and the 2-D mesh of
-    hybrid_shard and no_shard."""
-
-    name: str = "full_shard"
-    """Sharding strategy: full_shard, shard_grad_op, no_shard or hybrid_shard (set by the preset)."""
-    wrap_blocks: bool = True
-    """Make every repeated block of the model (GPT Block, ResNet BasicBlock) its own FSDP unit."""
-    prefetch: int = DEFAULT_PREFETCH
-    """Units each unit all-gathers ahead of use, in forward and in backward (FSDP2's explicit prefetch,
-    set by module order: minidist.fsdp.prefetch_ahead); 1 = FSDP2's default, 0 = none."""
-    param_dtype: Optional[DType] = None
-    """Dtype parameters are all-gathered and computed in (null = their own)."""
-    reduce_dtype: Optional[DType] = None
-    """Dtype gradients are reduce-scattered in (null = param_dtype)."""
-
-
-@dataclass
-class HybridShardStrategy(FSDPStrategy):
-    """FSDP within groups of shard_size ranks, DDP-style all_reduce across the groups."""
-
-    name: str = "hybrid_shard"
-    """Strategy name (set by the preset; do not override)."""
-    shard_size: Optional[int] = None
-    """Ranks per shard group (null = processes per node, LOCAL_WORLD_SIZE)."""
 
 
 # -------------------------------------------------------------------- model
@@ -314,7 +209,7 @@ class RunConfig:
     """Top level: the groups plus where the run lives."""
 
     strategy: Any = MISSING
-    """Parallelism: single, ddp, zero1, zero2, zero1_broadcast, shard_grad_op, full_shard, no_shard, hybrid_shard."""
+    """Parallelism: one of the registered strategies (minidist.strategies; the choices: `--help`'s config groups)."""
     model: Any = MISSING
     """gpt or resnet18."""
     data: Any = MISSING
@@ -343,13 +238,16 @@ class RunConfig:
 
 
 GROUPS: dict[str, dict[str, type]] = {
-    "strategy": {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": ZeroStrategy, "zero2": ZeroStrategy,
-                 "zero1_broadcast": ZeroStrategy,
-                 "shard_grad_op": FSDPStrategy, "full_shard": FSDPStrategy, "no_shard": FSDPStrategy,
-                 "hybrid_shard": HybridShardStrategy},
     "model": {"gpt": GPTModel, "resnet18": ResNetModel},
     "data": {"stdlib": StdlibData, "cifar10": Cifar10Data, "synthetic": SyntheticData},
     "optim": {"adamw": AdamWOptim, "sgd": SGDOptim},
     "trainer": {"default": TrainerConfig},
     "logger": {"wandb": WandbLogger},
 }
+"""Every config group but strategy, its choices and their schemas."""
+
+
+def groups() -> dict[str, dict[str, type]]:
+    """Every config group, its choices and their schemas: the strategy group's are the registered
+    strategies' (minidist.strategies), read now, so that one registered later is a choice too."""
+    return {"strategy": {r.name: r.schema for r in strategies.records()}} | GROUPS

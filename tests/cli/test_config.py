@@ -3,8 +3,12 @@
 import pytest
 from omegaconf import OmegaConf
 
-from minidist.train.compose import ConfigError, compose_config
-from minidist.train.config import GROUPS, DDPStrategy, FSDPStrategy, HybridShardStrategy, SingleStrategy, ZeroStrategy
+from minidist.cli.compose import ConfigError, compose_config
+from minidist.cli.config import GROUPS
+from minidist.strategies.ddp import DDPStrategy
+from minidist.strategies.fsdp import FSDPStrategy, HybridShardStrategy
+from minidist.strategies.single import SingleStrategy
+from minidist.strategies.zero import ZeroStrategy
 
 STRATEGIES = {"single": SingleStrategy, "ddp": DDPStrategy, "zero1": ZeroStrategy, "zero2": ZeroStrategy,
               "zero1_broadcast": ZeroStrategy, "shard_grad_op": FSDPStrategy,

@@ -10,12 +10,12 @@ import math
 import torch
 import torch.nn as nn
 
-from minidist import runtime
+from minidist import runtime, strategies
 from minidist.mesh import DP, TP, ParallelDims
 from minidist.sharding import Split, cut, join, shard_param, sharded_over
 from minidist.models import Block
-from minidist.train import compose_config
-from minidist.train.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
+from minidist.cli import compose_config
+from minidist.parallel.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
 from minidist import clip
 
 WHOLE = {"col": (6, 5), "row": (4, 6), "norm": (5,), "both": (8, 3)}
@@ -57,7 +57,7 @@ def _norms() -> dict:
     out = {"l2": global_norm(list(params.values()), layout).item(),
            "inf": global_norm(list(params.values()), layout, math.inf).item()}
     before = {k: p.grad.clone() for k, p in params.items()}
-    out["returned"] = clip_grad_norm_(params, 1.0, layout).item()
+    out["returned"] = clip_grad_norm_(params, 1.0, layout, strategy=strategies.get("single")).item()
     out["after"] = global_norm(list(params.values()), layout).item()
     out["scale"] = [(p.grad / before[k]).flatten().tolist() for k, p in params.items() if p.grad.numel()]
     return out
@@ -99,8 +99,10 @@ def _engine_norms() -> dict:
         opt = build_optimizer(model, layout, cfg.strategy, cfg.optim)  # ZeRO's hooks and partitions live here
         r = slice(2 * layout.dp_rank, 2 * layout.dp_rank + 2)
         model(x[r], y[r])[1].backward()
-        out[name] = clip_grad_norm_(model, 1e9, layout, opt).item()
-        out[name + " sharded"] = sorted({tuple(getattr(p, "sharded_over", {})) for p in unwrap(model).parameters()})
+        record = strategies.get(name)
+        out[name] = clip_grad_norm_(model, 1e9, layout, opt, strategy=record).item()
+        out[name + " sharded"] = sorted({tuple(getattr(p, "sharded_over", {}))
+                                         for p in unwrap(model, record).parameters()})
     return out
 
 
@@ -139,7 +141,7 @@ def test_fsdp_keeps_a_declaration_on_the_parameters_it_makes_and_adds_its_own(ru
     got = run_dist(2, _fsdp_declarations)[0]
     assert got["full_shard"] == {"weight": {TP: Split(0), DP: Split(0)}, "bias": {DP: Split(0)}}
     assert got["no_shard"] == {"weight": {TP: Split(0)}, "bias": {}}  # replicas split nothing
-    assert "also split over ['tp']: use minidist.train.parallelize.clip_grad_norm_" in got["clip"]
+    assert "also split over ['tp']: use minidist.parallel.parallelize.clip_grad_norm_" in got["clip"]
 
 
 def test_a_fused_qkv_slice_is_joined_block_by_block():

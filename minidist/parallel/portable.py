@@ -1,7 +1,7 @@
 """A model and its optimizer in whole form, keyed by parameter name: what any layout can load.
 
-    whole = whole_state(model, optimizer, layout)     # on the main process ({} elsewhere); a collective
-    load_whole(model, optimizer, whole, layout)       # into a replicated model or FSDP's shards
+    whole = whole_state(model, optimizer, layout, strategy)     # on the main process ({} elsewhere); a collective
+    load_whole(model, optimizer, whole, layout, strategy)       # into a replicated model or FSDP's shards
 
     {"model":     {state_dict key: whole tensor},
      "optimizer": {"state": {parameter name: {"exp_avg": whole tensor, "step": scalar, ...}},
@@ -10,8 +10,9 @@
 A torch optimizer numbers its parameters by position; positions mean nothing to a model
 wrapped another way, names do. Loading cuts each tensor to what this rank holds:
 
-- a replicated model (single, DDP): its tensor-parallel slice (minidist.train.placement);
-- FSDP: the engine's load_full_state_dict places whole tensors into its shards. The
+- a replicated model (single, DDP): its tensor-parallel slice (minidist.parallel.placement);
+- a sharded model (FSDP; its record's contract, minidist.strategies.contract.ShardedModel):
+  the engine's load_full_state_dict places whole tensors into its shards. The
   optimizer state goes the same way: each elementwise state tensor (Adam's moments,
   SGD's momentum, shaped like its parameter) is loaded as if it were the weights and
   read back from the shards, then the weights themselves are loaded. This uses FSDP's
@@ -27,8 +28,10 @@ import torch
 import torch.nn as nn
 
 from minidist.mesh import TP, Layout
-from minidist.train import placement
-from minidist.train.parallelize import full_state_dict, unwrap
+from minidist.parallel import placement
+from minidist.parallel.parallelize import full_state_dict, unwrap
+from minidist.strategies import contract
+from minidist.strategies.record import Strategy
 
 
 def _names(module: nn.Module) -> dict[int, str]:
@@ -59,14 +62,14 @@ def _elementwise(by_name: dict, shapes: dict[str, torch.Size]) -> dict[str, dict
             for n, st in by_name["state"].items()}
 
 
-def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, layout: Layout) -> dict:
+def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, layout: Layout, strategy: Strategy) -> dict:
     """{"model": ..., "optimizer": ...} (no "optimizer" when None) on the main process, {} elsewhere.
 
     A collective: tensor-parallel slices of the weights and of the elementwise state are
     gathered along "tp" (nothing to gather without tensor parallelism).
     """
-    module = unwrap(model)
-    out = {"model": full_state_dict(model, layout)}
+    module = unwrap(model, strategy)
+    out = {"model": full_state_dict(model, layout, strategy)}
     if optimizer is None:
         return out if layout.is_main else {}
     by_name = optimizer_by_name(optimizer, module) if layout.dp_rank == 0 else {"state": {}}
@@ -82,13 +85,14 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, layou
 
 
 @torch.no_grad()
-def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer | None, whole: dict, layout: Layout) -> None:
+def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer | None, whole: dict, layout: Layout,
+               strategy: Strategy) -> None:
     """Load whole_state()'s form (present on every rank) into `model` and `optimizer` (plain ones:
     over the model's parameters, or over FSDP's shards), each cut to this rank's tp slice."""
-    module = unwrap(model)
+    module = unwrap(model, strategy)
     split = placement.splits(module, TP)
     weights = placement.local_slice(whole["model"], split, layout, TP)
-    sharded = hasattr(model, "load_full_state_dict")
+    sharded = strategy.model_engine is contract.ShardedModel
     if optimizer is not None and "optimizer" in whole:
         shapes = {n: t.shape for n, t in whole["model"].items()}
         state = {}

@@ -1,0 +1,44 @@
+"""What every strategy's config schema shares: the dtype type, and tensor parallelism inside data parallelism.
+
+Each record (minidist.strategies.record.Strategy) names its schema, a dataclass whose fields are
+the keys `strategy.*` accepts; Hydra merges configs/strategy/<name>.yaml onto it (minidist.cli),
+so an unknown key or a wrong type fails at composition. Each field's docstring is what
+`--help` prints for it (minidist.cli.help reads them).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class DType(enum.Enum):
+    """A floating-point dtype by its config name; `.torch_dtype` is the torch one."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+
+
+@dataclass
+class DataParallelStrategy:
+    """What every data-parallel strategy shares: its name, then tensor parallelism inside it (the layers split
+    over "tp" first, the engine over the data-parallel ranks that remain: minidist.parallel.parallelize)."""
+
+    name: str = ""
+    """Strategy name (set by the preset; do not override)."""
+    tp_size: int = 1
+    """Tensor-parallel degree: ranks per "tp" group, splitting every layer of the GPT (Megatron-LM's layout,
+    minidist.tp); must divide the processes and the model's heads; the data-parallel engine spans the rest."""
+    sequence_parallel: bool = False
+    """With tp_size > 1: split the norms', dropouts' and residuals' activations along the sequence too
+    (all_reduce becomes reduce_scatter + all_gather, the same bytes); tp_size must divide model.block_size."""
+    vocab_parallel: bool = False
+    """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
+    from split logits; tp_size must divide model.vocab_size."""
