@@ -19,21 +19,35 @@ def _bytes_panel(ax, rows: list[dict]) -> None:
         vals = [(i + (k - 1.5) * w, r["bytes"][key] / MB) for i, r in enumerate(rows) if r["bytes"][key] is not None]
         if vals:
             ax.bar(*zip(*vals), w, label=label, color=color)
+    if not any(r["bytes"]["trace"] for r in rows):  # a world of one: every bar is 0 (an axis of -0.04..0.04 else)
+        ax.set_ylim(0, 1)
+        ax.text(0.5, 0.5, f"world {rows[0]['world']}: nothing sent\n(run at 2 or more ranks)", ha="center",
+                va="center", transform=ax.transAxes, fontsize=9)
     ax.set_ylabel("MB sent per rank per step (mean over ranks)")
     ax.set_title("communication", fontsize=9)
+
+
+UNSEEN = 0.05
+"""A peak this much above its ledger's bar is labelled with the difference (what no role was seen to hold)."""
 
 
 def _memory_panel(ax, rows: list[dict]) -> None:
     bottoms = [0.0] * len(rows)
     for role in ROLES:
         vals = [r["memory"]["by_role"][role] / MIB if r["memory"] else 0 for r in rows]
-        ax.bar(range(len(rows)), vals, 0.6, bottom=bottoms, label=f"ledger: {role}", color=ROLE_COLORS[role])
+        if any(vals):  # a role no strategy holds at its peak (gradients: freed into buckets) gets no legend entry
+            ax.bar(range(len(rows)), vals, 0.6, bottom=bottoms, label=f"ledger: {role}", color=ROLE_COLORS[role])
         bottoms = [b + v for b, v in zip(bottoms, vals)]
-    for key, marker, label in (("allocator", "_", "allocator's peak"), ("estimate", "x", "estimate")):
+    unseen = [(i, r["memory"]["allocator"] / MIB, (r["memory"]["allocator"] - r["memory"]["ledger"]) / MIB)
+              for i, r in enumerate(rows) if r["memory"] and r["memory"]["allocator"] > (1 + UNSEEN) * r["memory"]["ledger"]]
+    for key, marker, label in (("allocator", "_", "allocator's peak" + (" (+N: MiB the ledger did not see)"
+                                                                        if unseen else "")), ("estimate", "x", "estimate")):
         pts = [(i, (r["memory"][key]["total"] if key == "estimate" else r["memory"][key]) / MIB)
                for i, r in enumerate(rows) if r["memory"] and r["memory"].get(key)]
         if pts:
             ax.scatter(*zip(*pts), marker=marker, s=500 if marker == "_" else 60, color="black", label=label, zorder=3)
+    for i, peak, extra in unseen:
+        ax.annotate(f"+{extra:.1f}", (i, peak), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
     ax.set_ylabel("peak MiB per rank")
     ax.set_title("memory at the peak", fontsize=9)
 

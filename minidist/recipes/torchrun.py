@@ -20,19 +20,42 @@ jobs through it. What it changes, and why:
 3. The entry module's command line is checked before any worker starts, when the module offers
    check_command_line(argv, world_size, local_world_size) (minidist.recipes.train and compare do):
    a bad input is one line here, exit 64, instead of a line from rank 0 of every restart attempt.
+4. Ctrl-C. The terminal's SIGINT reaches this process only (torch starts each worker in a session
+   of its own), and torchrun forwards it once: the workers finish their step, checkpoint and exit
+   75 (minidist.train.preemption). A second Ctrl-C while torchrun waits for them ends its wait
+   with SignalException, and torchrun would leave them running; here they are killed (SIGKILL to
+   each worker's process group: "stops at once"), and the job exits 130.
+5. torchrun's own log lines about what it reports itself ("Sending process ... closing signal",
+   "failed (exitcode: ...)", "Received ... death signal") are left out: the workers' one line and
+   this exit status say it. Every other torchrun line (its warnings, LOGLEVEL) stays.
+
+The workers learn the command that launched them (minidist.recipes.launch.LAUNCH_ENV), for the
+line that says how to continue a stopped run.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import shlex
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from minidist import runtime
+
+LAUNCH_ENV = "MINIDIST_LAUNCH"
+"""The launcher's command up to the recipe's own arguments, for the workers' "continue with" line, e.g.
+`minidist-train` or `python -m minidist.recipes.torchrun --standalone --nproc_per_node=2 -m recipes.train`
+(minidist.recipes.launch reads it)."""
+
+REPORTED_HERE = ("Sending process %s closing signal", "failed (exitcode: %s)", "Received %s death signal",
+                 "Closing process %s via signal")
+"""torchrun's log messages (their format strings' beginnings) that this launcher's exit status replaces."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,19 +67,67 @@ def main(argv: list[str] | None = None) -> None:
 
     args = torchrun.parse_args(argv)
     _precheck(args, torchrun)
+    _quiet_torchrun()
     status_dir = tempfile.mkdtemp(prefix="minidist-status-")
     os.environ[runtime.EXIT_STATUS_DIR_ENV] = status_dir  # the workers inherit the agent's environment
+    if not os.environ.get(LAUNCH_ENV):
+        own = argv[:len(argv) - len(args.training_script_args)]
+        python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
+        os.environ[LAUNCH_ENV] = shlex.join([python, "-m", "minidist.recipes.torchrun", *own])
     try:
         torchrun.main(argv)
         code = 0
     except ChildFailedError as exc:
         code = _failed_status(exc)
     except SignalException as exc:
-        code = _signalled_status(exc.sigval, Path(status_dir))
+        code = _signalled_status(exc.sigval, Path(status_dir)) if not _kill_workers() else 128 + int(exc.sigval)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
     sys.stdout.flush()
     sys.exit(code)
+
+
+def _quiet_torchrun() -> None:
+    """Leave out torchrun's lines about what this launcher reports itself (REPORTED_HERE)."""
+    def keep(record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(REPORTED_HERE))
+
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).addFilter(keep)
+
+
+def _workers() -> list[int]:
+    """This process's live children (torchrun's workers), from /proc (Linux; elsewhere none are found)."""
+    me, out = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _kill_workers() -> bool:
+    """After torchrun's wait for its workers was cut short by a second signal: kill them (each in its own
+    process group, as torch starts them) and say so; False when none is left (torchrun's wait ended)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # a third Ctrl-C while we clean up: no traceback
+    pids = _workers()
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 10
+    while _workers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pids:
+        runtime._say(f"torchrun: stopped at once (a second signal): {len(pids)} worker(s) killed without "
+                     f"a checkpoint of their step; the latest complete checkpoint is kept")
+    return bool(pids)
 
 
 def _precheck(args, torchrun) -> None:

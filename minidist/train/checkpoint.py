@@ -160,7 +160,8 @@ class Checkpointer:
     # ------------------------------------------------------------------ load
     def load(self, d: Path) -> dict:
         """Restore model, optimizer and RNG from a verified checkpoint; return its step and data position
-        (and "note": what could not be carried over, for the run's log; "" when everything was).
+        (and "note": what could not be carried over, for the run's log, "" when everything was;
+        "written_by": the strategy and mesh that wrote it, Contents.label).
 
         At another number of processes: the engines reshard, the data position is the job's
         (see BatchStream), and ranks without a saved RNG state keep their seeded one.
@@ -174,7 +175,7 @@ class Checkpointer:
         own = what.key(self.layout)
         if own is not None and f"state_{own}.pt" in files:
             set_rng_state(load_file(d / f"state_{own}.pt")["rng"] if own != what.main_key else state["rng"])
-        return state | {"note": note}
+        return state | {"note": note, "written_by": what.label()}
 
     def _shards(self, d: Path, files: dict, what: Contents) -> list[dict]:
         """Every saved rank's shard file of this rank's tp slice, in coordinate order."""
