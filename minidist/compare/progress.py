@@ -22,9 +22,11 @@ class Progress:
         from tqdm import tqdm
 
         self.strategies = list(strategies)
-        self.bar = tqdm(total=len(self.strategies) * len(PHASES), desc="compare", unit="phase", file=sys.stderr,
-                        dynamic_ncols=True, mininterval=0, disable=not enabled,
-                        bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} phases [{elapsed}<{remaining}]")
+        # a bar of fixed width: a line as wide as the terminal wraps when tqdm.write clears it
+        self.bar = tqdm(total=len(self.strategies) * len(PHASES), desc="loading the data, calibrating the link",
+                        file=sys.stderr, mininterval=0, disable=not enabled,
+                        bar_format="{desc} |{bar:24}| {n_fmt}/{total_fmt} phases [{elapsed}<{remaining}]")
+        self.bar.refresh()
         self._current, self._started, self._seen = None, 0.0, 0
         """The strategy running, when it started, how many of its phases started (one bar step each)."""
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from minidist import Topology, comm
 from minidist.compare import plots, projection, report as rep, timeline
@@ -91,11 +92,14 @@ def compare(cfg, topo: Topology) -> dict | None:
         print(f"interrupted ({interrupted}) before the first strategy was measured: nothing saved", flush=True)
         return {"interrupted": interrupted, "rows": [], "run_dir": None}
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = report(cfg, run_dir, per_strategy, cost)
+    done = [raws[0]["strategy"] for raws in per_strategy]
+    result = report(OmegaConf.merge(cfg, {"strategies": done}) if interrupted else cfg, run_dir, per_strategy, cost)
     if interrupted:
-        left = [s for s in cfg.strategies if s not in {raws[0]["strategy"] for raws in per_strategy}]
-        print(f"interrupted ({interrupted}) after {len(per_strategy)} of {len(cfg.strategies)} strategies: their "
-              f"rows are in {run_dir}; not measured: {', '.join(left)}", flush=True)
+        left = [s for s in cfg.strategies if s not in done]
+        line = (f"interrupted ({interrupted}) after {len(done)} of {len(cfg.strategies)} strategies: their rows are "
+                f"in {run_dir}; not measured: {', '.join(left)}")
+        (run_dir / "INTERRUPTED").write_text(line + "\n")  # the tables alone would not say they are partial
+        print(line, flush=True)
     return result | {"interrupted": interrupted}
 
 

@@ -22,9 +22,9 @@ jobs through it. What it changes, and why:
    a bad input is one line here, exit 64, instead of a line from rank 0 of every restart attempt.
 4. Ctrl-C. The terminal's SIGINT reaches this process only (torch starts each worker in a session
    of its own), and torchrun forwards it once: the workers finish their step, checkpoint and exit
-   75 (minidist.train.preemption). A second Ctrl-C while torchrun waits for them ends its wait
-   with SignalException, and torchrun would leave them running; here they are killed (SIGKILL to
-   each worker's process group: "stops at once"), and the job exits 130.
+   75 (minidist.train.preemption), and so does the job. A second Ctrl-C kills the workers (SIGKILL
+   to each one's process group: "stops at once") and the job exits 130; under plain torchrun it
+   would only make torchrun signal them again and wait again (CtrlC).
 5. torchrun's own log lines about what it reports itself ("Sending process ... closing signal",
    "failed (exitcode: ...)", "Received ... death signal") are left out: the workers' one line and
    this exit status say it. Every other torchrun line (its warnings, LOGLEVEL) stays.
@@ -43,7 +43,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from minidist import runtime
@@ -70,21 +69,56 @@ def main(argv: list[str] | None = None) -> None:
     _quiet_torchrun()
     status_dir = tempfile.mkdtemp(prefix="minidist-status-")
     os.environ[runtime.EXIT_STATUS_DIR_ENV] = status_dir  # the workers inherit the agent's environment
+    own = argv[:len(argv) - len(args.training_script_args)]
     if not os.environ.get(LAUNCH_ENV):
-        own = argv[:len(argv) - len(args.training_script_args)]
         python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
         os.environ[LAUNCH_ENV] = shlex.join([python, "-m", "minidist.recipes.torchrun", *own])
+    ctrl_c = CtrlC(SignalException)
+    argv = ctrl_c.take_over(args, argv, own)
     try:
         torchrun.main(argv)
         code = 0
     except ChildFailedError as exc:
         code = _failed_status(exc)
     except SignalException as exc:
-        code = _signalled_status(exc.sigval, Path(status_dir)) if not _kill_workers() else 128 + int(exc.sigval)
+        code = 128 + int(exc.sigval) if ctrl_c.killed else _signalled_status(exc.sigval, Path(status_dir))
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
     sys.stdout.flush()
     sys.exit(code)
+
+
+class CtrlC:
+    """SIGINT in the launcher: the first is what torchrun makes of it (SignalException: it forwards SIGINT
+    to the workers and waits up to --shutdown-timeout for them); a second kills the workers at once.
+
+    torchrun's own handler cannot do the second: a SignalException raised inside its wait for the workers
+    runs its cleanup again, which signals them with SIGTERM and waits again. So SIGINT is taken out of
+    torchrun's --signals-to-handle (where the torch version has the option, and the user left SIGINT in it)
+    and handled here."""
+
+    def __init__(self, signal_exception: type):
+        self.signal_exception = signal_exception
+        self.count = 0
+        self.killed = 0
+
+    def take_over(self, args, argv: list[str], own: list[str]) -> list[str]:
+        """torchrun's argv without SIGINT in --signals-to-handle, this handler installed; argv unchanged where
+        torchrun has no such option or the user's list leaves SIGINT out."""
+        listed = [s.strip() for s in (getattr(args, "signals_to_handle", None) or "").split(",")]
+        if "SIGINT" not in listed:
+            return argv
+        signal.signal(signal.SIGINT, self)
+        script = len(own) - 1 - (1 if args.module and own[-2:-1] in (["-m"], ["--module"]) else 0)
+        rest = ",".join(s for s in listed if s != "SIGINT")
+        return [*own[:script], f"--signals-to-handle={rest}", *argv[script:]]
+
+    def __call__(self, signum: int, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            raise self.signal_exception(f"Process {os.getpid()} got signal: {signum}", sigval=signal.SIGINT)
+        if not self.killed:
+            self.killed = _kill_workers()
 
 
 def _quiet_torchrun() -> None:
@@ -110,24 +144,18 @@ def _workers() -> list[int]:
     return out
 
 
-def _kill_workers() -> bool:
-    """After torchrun's wait for its workers was cut short by a second signal: kill them (each in its own
-    process group, as torch starts them) and say so; False when none is left (torchrun's wait ended)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)  # a third Ctrl-C while we clean up: no traceback
+def _kill_workers() -> int:
+    """SIGKILL every worker (each in its own process group, as torch starts them) and say so; how many."""
     pids = _workers()
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    deadline = time.monotonic() + 10
-    while _workers() and time.monotonic() < deadline:
-        time.sleep(0.05)
     if pids:
-        runtime._say(f"torchrun: stopped at once (a second signal): {len(pids)} worker(s) killed without "
-                     f"a checkpoint of their step; the latest complete checkpoint is kept")
-    return bool(pids)
+        runtime._say(f"torchrun: stopped at once (a second Ctrl-C): {len(pids)} worker(s) killed, without a "
+                     f"checkpoint of the step in progress; the latest complete checkpoint is kept")
+    return len(pids)
 
 
 def _precheck(args, torchrun) -> None:
