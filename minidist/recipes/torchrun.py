@@ -103,15 +103,11 @@ class CtrlC:
         self.killed = 0
 
     def take_over(self, args, argv: list[str], own: list[str]) -> list[str]:
-        """torchrun's argv without SIGINT in --signals-to-handle, this handler installed; argv unchanged where
-        torchrun has no such option or the user's list leaves SIGINT out."""
-        listed = [s.strip() for s in (getattr(args, "signals_to_handle", None) or "").split(",")]
-        if "SIGINT" not in listed:
-            return argv
-        signal.signal(signal.SIGINT, self)
-        script = len(own) - 1 - (1 if args.module and own[-2:-1] in (["-m"], ["--module"]) else 0)
-        rest = ",".join(s for s in listed if s != "SIGINT")
-        return [*own[:script], f"--signals-to-handle={rest}", *argv[script:]]
+        """without_sigint(...), and this handler installed where SIGINT was taken from torchrun."""
+        out = without_sigint(args, argv, own)
+        if out is not argv:
+            signal.signal(signal.SIGINT, self)
+        return out
 
     def __call__(self, signum: int, frame) -> None:
         self.count += 1
@@ -119,6 +115,18 @@ class CtrlC:
             raise self.signal_exception(f"Process {os.getpid()} got signal: {signum}", sigval=signal.SIGINT)
         if not self.killed:
             self.killed = _kill_workers()
+
+
+def without_sigint(args, argv: list[str], own: list[str]) -> list[str]:
+    """torchrun's argv with SIGINT taken out of --signals-to-handle (placed after the user's options, before
+    the script); argv itself where torchrun has no such option (older torch) or its list has no SIGINT.
+    own: argv up to the script's arguments."""
+    listed = [s.strip() for s in (getattr(args, "signals_to_handle", None) or "").split(",")]
+    if "SIGINT" not in listed:
+        return argv
+    script = len(own) - 1 - (1 if args.module and own[-2:-1] in (["-m"], ["--module"]) else 0)
+    rest = ",".join(s for s in listed if s != "SIGINT")
+    return [*own[:script], f"--signals-to-handle={rest}", *argv[script:]]
 
 
 def _quiet_torchrun() -> None:

@@ -22,12 +22,18 @@ from pathlib import Path
 import torch
 
 from minidist.mesh import TP, Layout
+from minidist.runtime import UsageError
 
 MARKER = "COMPLETE"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+class CheckpointRefused(CheckpointError, UsageError):
+    """A sound checkpoint this run's settings cannot read (another model, a layout its engines cannot load):
+    a bad input, the same on every rank (runtime.UsageError: one line, exit 64), decided before any write."""
 
 
 # ------------------------------------------------------------------------------ files

@@ -274,8 +274,18 @@ def _broadcast_text(text: str, topo: Topology, src: int) -> str:
 
 def run_dir_for(cfg, topo: Topology, mesh, prefix: str) -> Path:
     """<out_dir>/<name>; without cfg.name, <prefix>-<time> on the main process's clock, shared with every
-    rank (for programs other than the trainer, e.g. minidist.compare; the trainer uses plan_run)."""
-    if cfg.name:
-        return Path(cfg.out_dir) / cfg.name
-    name = _broadcast_text(f"{prefix}-{stamp()}" if is_main(mesh) else "", topo, main_rank(mesh))
-    return Path(cfg.out_dir) / name
+    rank (for programs other than the trainer, e.g. minidist.compare; the trainer uses plan_run). A
+    directory that cannot be created is refused before any work, by the main process for every rank
+    (UsageError, one line: check_writable)."""
+    text = ""
+    if is_main(mesh):
+        d = Path(cfg.out_dir) / (cfg.name or f"{prefix}-{stamp()}")
+        try:
+            check_writable(d)
+            text = json.dumps({"dir": str(d)})
+        except ValueError as exc:
+            text = json.dumps({"error": str(exc)})
+    got = json.loads(_broadcast_text(text, topo, main_rank(mesh)))
+    if "error" in got:
+        raise UsageError(got["error"])
+    return Path(got["dir"])
