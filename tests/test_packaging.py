@@ -67,3 +67,8 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     assert "final" in run.stdout and not run.stderr.strip(), run.stderr
     assert read_metrics(elsewhere / "here" / "metrics.jsonl")[-1]["step"] == 2  # hydra.run.dir honoured
     assert (elsewhere / "here" / "model.pt").is_file() and (elsewhere / "here" / ".hydra" / "overrides.yaml").is_file()
+    # the installed commands start the world their README command uses (2 processes), and say so first
+    tour = _run([bindir / "minidist-tour", "--numel", "4096"], elsewhere, env)
+    assert tour.stdout.startswith("minidist-tour: 2 processes (torchrun --standalone --nproc_per_node=2); NPROC=N"), \
+        tour.stdout[:300]
+    assert "rank 1 | all_reduce SUM" in tour.stdout and ", N = 2, S = " in tour.stdout and not tour.stderr, tour.stderr
