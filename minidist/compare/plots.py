@@ -83,7 +83,8 @@ def draw_comparison(rows: list[dict], path: Path, title: str) -> Path:
         panel(ax, rows)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([r["strategy"] for r in rows], rotation=20, fontsize=8)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+        if ax.get_legend_handles_labels()[0]:  # memory=false draws no memory panel content
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.suptitle("\n".join(textwrap.wrap(title, 200)), fontsize=9)  # the header: one line at 2+ ranks
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -45,7 +45,9 @@ class Progress:
     def done(self, name: str) -> None:
         """Strategy `name` is measured: its remaining bar steps (a phase it skipped: memory=false) and its line."""
         self.bar.update(len(PHASES) - self._seen + 1)
-        self.bar.write(f"{self._label(name)} measured in {time.perf_counter() - self._started:.1f} s", file=sys.stderr)
+        if not self.bar.disable:  # tqdm.write is a class method: it writes for a disabled bar too
+            self.bar.write(f"{self._label(name)} measured in {time.perf_counter() - self._started:.1f} s",
+                           file=sys.stderr)
         self._current = None
 
     def close(self) -> None:
