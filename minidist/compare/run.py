@@ -53,7 +53,8 @@ class _Stop(Exception):
     """Every rank voted, at a phase boundary, that a signal arrived: measure no further."""
 
 
-STOPPING = "SIGINT: stopping after this phase; the strategies measured so far will be saved (Ctrl-C again stops at once)"
+STOPPING = ("SIGINT: stopping after this phase; the strategies measured so far will be saved (Ctrl-C again stops "
+            "at once)")
 
 
 def compare(cfg, topo: Topology) -> dict | None:

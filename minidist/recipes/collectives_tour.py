@@ -113,9 +113,10 @@ def act_four(out: Transcript, numel: int) -> None:
             comm.all_to_all(torch.empty(numel), x)
         comm.barrier()
     if rank == 0:
-        link = (f"alpha = {model.alpha * 1e6:.1f} us, beta = {model.beta * 1e9:.3f} ns/byte ({1 / model.beta / 1e9:.2f} "
-                f"GB/s)" if world > 1 and model.beta > 0 else "no link at N = 1 (nothing is sent: the times are "
-                "local copies; run under torchrun --nproc_per_node=2 for alpha and beta)")
+        link = (f"alpha = {model.alpha * 1e6:.1f} us, beta = {model.beta * 1e9:.3f} ns/byte "
+                f"({1 / model.beta / 1e9:.2f} GB/s)" if world > 1 and model.beta > 0 else
+                "no link at N = 1 (nothing is sent: the times are local copies; run under torchrun "
+                "--nproc_per_node=2 for alpha and beta)")
         print(f"\n== cost: {link}, N = {world}, S = {numel * 4 / 1e6:.1f} MB per call")
         print(t.summary(model))
 

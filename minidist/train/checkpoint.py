@@ -234,5 +234,6 @@ class Checkpointer:
                  for k in sorted(saved.keys() | ours.keys()) if saved.get(k) != ours.get(k)]
         if diffs:
             more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
-            raise CheckpointRefused(f"checkpoint {d} does not match the configured model: {'; '.join(diffs[:3])}{more}; "
-                                  f"resume with the model settings in the run's .hydra/config.yaml, or start a new run")
+            raise CheckpointRefused(f"checkpoint {d} does not match the configured model: {'; '.join(diffs[:3])}"
+                                    f"{more}; resume with the model settings in the run's .hydra/config.yaml, or "
+                                    f"start a new run")

@@ -74,6 +74,8 @@ def _show(value) -> str:
 def changes(saved: dict, wanted: dict, run_dir: Path, has_checkpoint: bool) -> list[str]:
     """One line per differing key saying what happens to it; ValueError (one line) for a model that cannot
     load, or a model change in a run with no checkpoint (module docstring)."""
+    if "model" not in saved:  # not a run's config (or none): nothing to hold this command against
+        return []
     diffs = differing(saved, wanted)
     model = [d for d in diffs if d[0].startswith("model.")]
     loads = not model or parameter_shapes(saved.get("model", {})) == parameter_shapes(wanted.get("model", {}))

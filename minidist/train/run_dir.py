@@ -169,6 +169,9 @@ def decide(cfg, request: RunRequest | None = None) -> RunPlan:
             message = f"resume=auto: no checkpoint in {run_dir.resolve()}: starting from step 0 (a new run)"
         return RunPlan(run_dir, Action.NEW, label, message)
     done, kept = finished_step(run_dir), has_checkpoint(run_dir)
+    # what differs from the run's saved config; a model that cannot load is refused even where nothing would run
+    notes = relaunch.changes(_saved_fingerprint(run_dir), fingerprint(OmegaConf.to_container(cfg, enum_to_str=True)),
+                             run_dir, kept)
     if done is not None and done >= cfg.trainer.steps:
         advice = ("raise trainer.steps with resume=auto to train on from its last checkpoint, or choose another "
                   "name=" if kept else "it kept no checkpoint to train on from: choose another name= for a new run")
@@ -182,9 +185,7 @@ def decide(cfg, request: RunRequest | None = None) -> RunPlan:
         raise ValueError(f"{run_dir.resolve()} finished at step {done} and kept no checkpoint, so trainer.steps="
                          f"{cfg.trainer.steps} would train it again from step 0 over its outputs; choose another "
                          f"name= for a new run (trainer.ckpt_interval keeps checkpoints to train on from)")
-    lines = [message] if message else []
-    lines += relaunch.changes(_saved_fingerprint(run_dir), fingerprint(OmegaConf.to_container(cfg, enum_to_str=True)),
-                              run_dir, kept)
+    lines = ([message] if message else []) + notes
     if not kept and cfg.resume == "auto":
         lines.append(f"resume=auto: no checkpoint in {run_dir.resolve()}: starting from step 0")
     return RunPlan(run_dir, Action.RESUME, label, "\n".join(lines))

@@ -183,7 +183,8 @@ def test_ctrl_c_under_torchrun_checkpoints_and_the_printed_command_resumes_it(ru
     finally:
         proc.kill()
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    said = re.search(r"interrupted \(SIGINT\) after step (\d+), checkpoint saved in (\S+); continue with:\n  (.+)\n", out)
+    said = re.search(r"interrupted \(SIGINT\) after step (\d+), checkpoint saved in (\S+); continue with:\n  (.+)\n",
+                     out)
     assert said and 0 < int(said[1]) < 30 and Path(said[2]).is_dir(), out + err
     command = shlex.split(said[3])
     assert command[1:] == launcher[1:] + args + [f"out_dir={tmp_path}", "name=cc", "resume=auto"], command

@@ -43,7 +43,8 @@ def test_sigint_is_taken_from_torchrun_unless_the_user_left_it_out():
         return without_sigint(args, list(argv), list(argv[:len(argv) - len(args.training_script_args)]))
 
     assert rewrite("--standalone", "--nproc_per_node=2", "-m", "recipes.train", "a=1") == [
-        "--standalone", "--nproc_per_node=2", "--signals-to-handle=SIGTERM,SIGHUP,SIGQUIT", "-m", "recipes.train", "a=1"]
+        "--standalone", "--nproc_per_node=2", "--signals-to-handle=SIGTERM,SIGHUP,SIGQUIT", "-m", "recipes.train",
+        "a=1"]
     assert rewrite("--nproc_per_node", "2", "train.py", "--lr", "1") == [
         "--nproc_per_node", "2", "--signals-to-handle=SIGTERM,SIGHUP,SIGQUIT", "train.py", "--lr", "1"]
     mine = ["--signals-to-handle=SIGTERM,SIGUSR1", "-m", "recipes.train"]

@@ -78,6 +78,8 @@ def test_a_finished_run_is_left_alone(base, tmp_path):
         plan = decide(_cfg(base, tmp_path, name="done", resume=resume))
         assert plan.action is Action.FINISHED and plan.step == 8 and "nothing to do" in plan.message
         assert "it kept no checkpoint to train on from: choose another name=" in plan.message, plan.message
+        with pytest.raises(ValueError, match=r"holds a run of another model: model.n_layer=3 \(the run's: 2\)"):
+            decide(_cfg(base, tmp_path, name="done", resume=resume, model__n_layer=3))  # not "nothing to do"
     # asking for more steps of a run with no checkpoint would train it again over its outputs: refused
     before = sorted(p.name for p in d.rglob("*"))
     with pytest.raises(ValueError, match=r"finished at step 8 and kept no checkpoint, so trainer.steps=16 would train "
