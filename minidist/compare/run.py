@@ -5,7 +5,8 @@
 
 Files in the run directory (<out_dir>/<name>, default compare-<timestamp>): table.md, table.csv,
 results.json (rows, calibration, projection), comparison.png, timeline.json (Chrome trace) and
-timeline.png, projection.csv and projection.png.
+timeline.png, projection.csv and projection.png; after an interrupt, the strategies measured so
+far, and INTERRUPTED naming those left.
 """
 
 from __future__ import annotations
