@@ -70,7 +70,7 @@ def console(name: str, module: str, argv: list[str], main: Callable[[list[str]],
     print(f"{name}: {nproc} processes (torchrun --standalone --nproc_per_node={nproc}); {NPROC_ENV}=N for "
           f"another count, {NPROC_ENV}=1 for one process", flush=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for its workers, without its warning
-    os.environ[LAUNCH_ENV] = name
+    os.environ[LAUNCH_ENV] = f"{NPROC_ENV}={nproc} {name}" if os.environ.get(NPROC_ENV) else name  # to continue a run
     torchrun.main(["--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv])
 
 
