@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from minidist.mesh import is_main
 
@@ -30,3 +31,12 @@ def crash_once(before_step: int):
 def crash_once_from_env():
     """crash_once(CRASH_AT_STEP) for recipes launched as subprocesses (tests/recipes/crashing_train.py)."""
     return crash_once(int(os.environ["CRASH_AT_STEP"]))
+
+
+def slow_steps_from_env():
+    """Every step takes STEP_SLEEP_S longer (tests/recipes/slow_train.py): a window for a signal to land in."""
+    seconds = float(os.environ["STEP_SLEEP_S"])
+
+    def callback(run, done: int) -> None:
+        time.sleep(seconds)
+    return callback

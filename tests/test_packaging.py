@@ -74,3 +74,10 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     run = _run([bindir / "minidist-train", "--multirun", *sweep], elsewhere, env)
     done = [json.loads(line)["status"] for line in (elsewhere / "sweep" / "summary.jsonl").read_text().splitlines()]
     assert done == ["done", "done"] and not run.stderr.strip(), run.stdout + run.stderr
+
+
+    # the installed commands start the world their README command uses (2 processes), and say so first
+    tour = _run([bindir / "minidist-tour", "--numel", "4096"], elsewhere, env)
+    assert tour.stdout.startswith("minidist-tour: 2 processes (torchrun --standalone --nproc_per_node=2); NPROC=N"), \
+        tour.stdout[:300]
+    assert "rank 1 | all_reduce SUM" in tour.stdout and ", N = 2, S = " in tour.stdout and not tour.stderr, tour.stderr

@@ -182,8 +182,9 @@ class TrainerConfig:
     """Length of the text sample printed at the end (GPT only; 0 disables)."""
     progress_bar: bool = True
     """tqdm bar on rank 0."""
-    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM"])
-    """Signals that make the run checkpoint after the current step and exit 75 (requeue), e.g. [SIGTERM,SIGUSR1]."""
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT"])
+    """Signals that make the run checkpoint after the current step and exit 75 (requeue), e.g. [SIGTERM,SIGUSR1];
+    SIGINT is Ctrl-C (a second one stops at once, without a checkpoint)."""
 
 
 @dataclass

@@ -17,7 +17,8 @@ Modules, one concept each (collective bytes and times come from minidist.comm.tr
     projection  communication at 8..1024 ranks as NCCL runs it (ring or tree, nodes and NICs), against compute
     timeline    Chrome trace JSON and a PNG of the measured steps
     report      the tables (text, Markdown, CSV, JSON); plots: the bar chart
-    run         the whole comparison, and --estimate
+    progress    the main process's progress bar: the strategy and phase running, a line per strategy
+    run         the whole comparison (a signal stops it between phases, keeping what was measured), and --estimate
 """
 
 from minidist.compare.allocator import AllocatorPeak

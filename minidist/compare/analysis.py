@@ -119,9 +119,10 @@ def _in_step_wire(raws: list[dict]) -> float:
 def _time(raws: list[dict], alone: dict) -> dict:
     step = spread(_step_times([r["steps"] for r in raws]))
     base = spread(_step_times([r["baseline"]["steps"] for r in raws]))
+    sends = raws[0]["world"] > 1  # a world of one sends nothing (its collectives copy locally): no share of it
     out = {"step": step, "baseline": base, "overhead": step["median"] - base["median"], "alone": alone["seconds"],
-           "hidden": hidden_share(step["median"] - base["median"], alone["seconds"]),
-           "predicted": alone["predicted"], "predicted_error": alone["error"],
+           "hidden": hidden_share(step["median"] - base["median"], alone["seconds"]) if sends else None,
+           "predicted": alone["predicted"], "predicted_error": alone["error"] if sends else None,
            "blocked": statistics.mean(_blocked(r) for r in raws), "in_step_wire": _in_step_wire(raws)}
     phases: dict[str, list[float]] = defaultdict(list)
     for name, _, a, b in raws[0]["baseline"]["phases"]:

@@ -116,11 +116,13 @@ class CompareConfig:
     data-parallel ranks: the trainer's strategy.tp_size=T), e.g. `ddp+tp2` (at world 2 pure TP,
     dp = 1) or `full_shard+tp2` (at world 4, dp 2 x tp 2). T must divide the world and the
     model's heads and width; the preset's own sequence_parallel / vocab_parallel apply.
-    Default: every registered strategy's default rows (minidist.strategies)."""
+    Default: every registered strategy's default rows (minidist.strategies); model=resnet18's: the
+    rows without tensor parallelism (configs/compare_model/resnet18.yaml)."""
     strategy_options: Any = field(default_factory=registered_options)
     """Every registered strategy but single, by name, on its schema (strategy_options.<name>.<key>=...)."""
     model: Any = MISSING
     data: Any = MISSING
+    """stdlib (the default: tokens), synthetic or cifar10; synthetic for model=resnet18 when none is named."""
     optim: Any = MISSING
     trainer: Any = MISSING
     """The training groups; trainer.batch_size, grad_clip, precision and seed are used."""
@@ -197,6 +199,8 @@ def check(cfg) -> None:
         raise ValueError(f"estimate.gpus_per_node={cfg.estimate.gpus_per_node} must be >= 1")
     if cfg.replay_repeats < 1:
         raise ValueError("replay_repeats must be >= 1")
-    gpt = cfg.model.name == "gpt"
-    if gpt and cfg.data.source == "cifar10" or not gpt and cfg.data.source == "stdlib":
-        raise ValueError(f"model={cfg.model.name} cannot read data={cfg.data.source}")
+    if cfg.model.name == "gpt" and cfg.data.source == "cifar10":
+        raise ValueError("model=gpt reads tokens, not data=cifar10's images: use data=stdlib or data=synthetic")
+    if cfg.model.name != "gpt" and cfg.data.source == "stdlib":
+        raise ValueError(f"model={cfg.model.name} reads images, not data=stdlib's text: use data=synthetic (generated, "
+                         f"the default with this model) or data=cifar10")

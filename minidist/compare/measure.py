@@ -33,6 +33,7 @@ import contextlib
 import gc
 import threading
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -144,21 +145,31 @@ def _phases(task: Phased, steps: list[tuple[float, float]], t0: float) -> list[l
     return out
 
 
-def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row: str | None = None) -> dict:
+PHASES = ("warm-up", "measured", "alone", "memory")
+"""The phases of measure_strategy, in order (the module docstring; build is part of warm-up)."""
+
+
+def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row: str | None = None,
+                     phase: Callable[[str], None] = lambda what: None) -> dict:
     """Warm up, measure (alternating with the plain model), replay, memory; this rank's raw results (plain JSON).
-    row: the row's name in cfg.strategies (`full_shard+tp2`; default the strategy's name)."""
+    row: the row's name in cfg.strategies (`full_shard+tp2`; default the strategy's name). phase(what) is called
+    on every rank as each of PHASES starts, outside every measured window (the comparison's progress and its
+    vote on a signal: a collective there is not in any measurement)."""
     name = row or strategy_cfg.name
+    phase(PHASES[0])
     bench, plain = Bench(cfg, strategy_cfg, topo, train_ds), Bench(cfg, None, topo, train_ds, plain=True)
     for _ in range(cfg.warmup_steps):
         bench.step(), plain.step()
     gloo = topo.backend == "gloo"
     steps, baseline = [], []
+    phase(PHASES[1])
     with (comm.kernel_io.written() if gloo else contextlib.nullcontext()) as written, comm.trace() as tr:
         for i in range(cfg.steps):  # alternating, each first in turn: load drifts hit both alike
             for b in ((bench, plain) if i % 2 == 0 else (plain, bench)):
                 dist.barrier()  # torch's own: not traced; the kernel's count is corrected below
                 (steps if b is bench else baseline).append(b.step())
     last = [r for r in tr.records if r.issued_s >= steps[-1][0]]
+    phase(PHASES[2])
     alone = replay.replay(last, tr.groups, topo.device, cfg.replay_repeats)
     raw = {"strategy": name, "rank": topo.rank, "world": topo.world_size, "backend": topo.backend,
            "device": topo.device.type, "local_world": local_world(topo),
@@ -170,6 +181,8 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
            "kernel_bytes": written.bytes - cfg.steps * written.barrier_pair if gloo else None,
            "alone": alone, "bucket_numels": bench.bucket_numels(), "tp": tensor_parallel(cfg, bench)}
     del bench, plain, tr
+    if cfg.memory:
+        phase(PHASES[3])
     raw["memory"] = measure_memory(cfg, strategy_cfg, topo, train_ds) if cfg.memory else None
     gc.collect()
     return raw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from minidist.footprint import ROLES
@@ -19,21 +20,39 @@ def _bytes_panel(ax, rows: list[dict]) -> None:
         vals = [(i + (k - 1.5) * w, r["bytes"][key] / MB) for i, r in enumerate(rows) if r["bytes"][key] is not None]
         if vals:
             ax.bar(*zip(*vals), w, label=label, color=color)
+    if not any(r["bytes"]["trace"] for r in rows):  # a world of one: every bar is 0 (an axis of -0.04..0.04 else)
+        ax.set_ylim(0, 1)
+        ax.text(0.5, 0.5, f"world {rows[0]['world']}: nothing sent\n(run at 2 or more ranks)", ha="center",
+                va="center", transform=ax.transAxes, fontsize=9)
     ax.set_ylabel("MB sent per rank per step (mean over ranks)")
     ax.set_title("communication", fontsize=9)
 
 
+THIN = 0.005
+"""A role below this share of the tallest bar everywhere is not drawn (nor listed in the legend)."""
+UNSEEN = 0.05
+"""A peak this much above its ledger's bar is labelled with the difference (what no role was seen to hold)."""
+
+
 def _memory_panel(ax, rows: list[dict]) -> None:
     bottoms = [0.0] * len(rows)
+    tallest = max((r["memory"]["ledger"] / MIB for r in rows if r["memory"]), default=0.0)
     for role in ROLES:
         vals = [r["memory"]["by_role"][role] / MIB if r["memory"] else 0 for r in rows]
-        ax.bar(range(len(rows)), vals, 0.6, bottom=bottoms, label=f"ledger: {role}", color=ROLE_COLORS[role])
+        # a role too thin to see in every bar (gradients at the peak: in buckets, or 1 KiB) gets no legend entry
+        if max(vals) > THIN * tallest:
+            ax.bar(range(len(rows)), vals, 0.6, bottom=bottoms, label=f"ledger: {role}", color=ROLE_COLORS[role])
         bottoms = [b + v for b, v in zip(bottoms, vals)]
-    for key, marker, label in (("allocator", "_", "allocator's peak"), ("estimate", "x", "estimate")):
+    unseen = [(i, m["allocator"] / MIB, (m["allocator"] - m["ledger"]) / MIB)
+              for i, m in enumerate(r["memory"] for r in rows) if m and m["allocator"] > (1 + UNSEEN) * m["ledger"]]
+    peak_label = "allocator's peak" + (" (+N: MiB the ledger did not see)" if unseen else "")
+    for key, marker, label in (("allocator", "_", peak_label), ("estimate", "x", "estimate")):
         pts = [(i, (r["memory"][key]["total"] if key == "estimate" else r["memory"][key]) / MIB)
                for i, r in enumerate(rows) if r["memory"] and r["memory"].get(key)]
         if pts:
             ax.scatter(*zip(*pts), marker=marker, s=500 if marker == "_" else 60, color="black", label=label, zorder=3)
+    for i, peak, extra in unseen:
+        ax.annotate(f"+{extra:.1f}", (i, peak), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
     ax.set_ylabel("peak MiB per rank")
     ax.set_title("memory at the peak", fontsize=9)
 
@@ -64,8 +83,9 @@ def draw_comparison(rows: list[dict], path: Path, title: str) -> Path:
         panel(ax, rows)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([r["strategy"] for r in rows], rotation=20, fontsize=8)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
-    fig.suptitle(title, fontsize=9)
+        if ax.get_legend_handles_labels()[0]:  # memory=false draws no memory panel content
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    fig.suptitle("\n".join(textwrap.wrap(title, 200)), fontsize=9)  # the header: one line at 2+ ranks
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -212,10 +212,14 @@ def draw_png(rows: list[dict], clusters: list[Cluster], path: Path, devices_GB: 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (model, cname) in zip(axes.flat, panels):
         mine = [r for r in rows if (r["model"], r["cluster"]) == (model, cname)]
+        drawn: dict[tuple, str] = {}
         for k, strategy in enumerate(strategies):
             rs = [r for r in mine if r["strategy"] == strategy]
-            ax.plot([r["ranks"] for r in rs], [r["comm_s"] * 1e3 for r in rs], "-o", ms=3, color=colors[k % 10],
-                    label=strategy)
+            series = tuple((r["ranks"], round(r["comm_s"], 12)) for r in rs)
+            twin = drawn.setdefault(series, strategy)  # the same calls (zero1, zero2): dashed over the first
+            ax.plot([r["ranks"] for r in rs], [r["comm_s"] * 1e3 for r in rs], "-o" if twin == strategy else "--o",
+                    ms=3, color=colors[k % 10], label=strategy if twin == strategy else f"{strategy} (= {twin})",
+                    mfc=None if twin == strategy else "none")
             bad = [r for r in rs if r["memory_GB"] is not None and not r[f"fits_{devices_GB[0]:g}GB"]]
             if bad:
                 ax.plot([r["ranks"] for r in bad], [r["comm_s"] * 1e3 for r in bad], "x", ms=8, color=colors[k % 10])

@@ -166,6 +166,15 @@ def terminal(rows: list[dict], ddp: float) -> str:
     short = lambda cols: [("formula", lambda r, d: _short_formula(r)) if h == "formula" else (h, fn)  # noqa: E731
                           for h, fn in cols]
     parts = [f"{title}:\n{table_text(rows, ddp, short(cols))}" for title, cols in list(TABLES.items())[:3]]
+    below = [r for r in rows if (r["time"]["hidden"] or 0) < 0]
+    if below:  # the time table's one column that reads wrong without its definition
+        worst = min(below, key=lambda r: r["time"]["hidden"])
+        parts[1] += "\n" + "\n".join(textwrap.wrap(
+            f"hidden = 1 - overhead / alone: 100% = all communication hidden behind compute, 0% = none. Below 0 "
+            f"({worst['strategy']} {_pct(worst['time']['hidden'])}): the step lost more time than its collectives take "
+            f"run alone: nothing was hidden, and the engine's own work (hooks, copies, waits) and, on a CPU, the "
+            f"backend's threads taking cores from the compute cost the rest.",
+            120))
     wrapped = ["\n".join(textwrap.wrap(n, 120, subsequent_indent="  ")) for n in notes(rows)]
     return "\n\n".join(parts + ["\n".join(wrapped)] if wrapped else parts)
 

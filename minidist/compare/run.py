@@ -5,7 +5,8 @@
 
 Files in the run directory (<out_dir>/<name>, default compare-<timestamp>): table.md, table.csv,
 results.json (rows, calibration, projection), comparison.png, timeline.json (Chrome trace) and
-timeline.png, projection.csv and projection.png.
+timeline.png, projection.csv and projection.png; after an interrupt, the strategies measured so
+far, and INTERRUPTED naming those left.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from minidist import Topology, comm, strategies
 from minidist.compare import plots, projection, report as rep, timeline
@@ -29,10 +31,12 @@ from minidist.compare.config import REFERENCE, check_rows_world, parse_row, row_
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.measure import measure_strategy
 from minidist.compare.profile import StepProfile, model_shape, profile_step
+from minidist.compare.progress import Progress
 from minidist.mesh import data_parallel_mesh, is_main
 from minidist.shape import ModelShape
 from minidist.strategies import Wire
 from minidist.train.data import build_datasets
+from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import run_dir_for
 from minidist.train.task import make_task
 
@@ -46,22 +50,59 @@ def _gather(obj, topo: Topology) -> list | None:
     return out
 
 
+class _Stop(Exception):
+    """Every rank voted, at a phase boundary, that a signal arrived: measure no further."""
+
+
+STOPPING = ("SIGINT: stopping after this phase; the strategies measured so far will be saved (Ctrl-C again stops "
+            "at once)")
+
+
 def compare(cfg, topo: Topology) -> dict | None:
-    """Run every strategy of cfg.strategies on this rank; the main process writes and prints the results."""
+    """Run every strategy of cfg.strategies on this rank; the main process writes and prints the results
+    (None elsewhere). Progress: a bar on the main process (minidist.compare.progress). A SIGINT (Ctrl-C) or
+    SIGTERM stops every rank at the next phase boundary (a one-element vote there, outside any measured
+    window); the main process then reports the strategies measured so far, and the result says
+    "interrupted" (the signal's name)."""
     check_rows_world(cfg, topo.world_size)
     mesh = data_parallel_mesh(topo)
     run_dir = run_dir_for(cfg, topo, mesh, prefix="compare")
-    train_ds, _, _ = build_datasets(cfg, topo)
-    cost = comm.calibrate()
-    dist.barrier()
-    t0 = time.perf_counter()
-    per_strategy = []
-    for name in cfg.strategies:
-        per_strategy.append(_gather(measure_strategy(cfg, row_strategy(cfg, name), topo, train_ds, t0, name), topo))
-    if not is_main(mesh):
-        return None
+    main = is_main(mesh)
+    watch = PreemptionWatch(["SIGINT", "SIGTERM"], topo.device, announce=STOPPING if main else None)
+    progress, per_strategy, interrupted = Progress(cfg.strategies, main), [], None
+    try:
+        train_ds, _, _ = build_datasets(cfg, topo)
+        cost = comm.calibrate()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for name in cfg.strategies:
+            def phase(what: str, name: str = name) -> None:
+                progress.phase(name, what)
+                if watch.vote():
+                    raise _Stop
+            per_strategy.append(_gather(measure_strategy(cfg, row_strategy(cfg, name), topo, train_ds, t0, name,
+                                                         phase), topo))
+            progress.done(name)
+    except _Stop:
+        interrupted = watch.caught or "a signal on another rank"
+    finally:
+        watch.close()
+        progress.close()
+    if not main:
+        return {"interrupted": interrupted} if interrupted else None
+    if interrupted and not per_strategy:
+        print(f"interrupted ({interrupted}) before the first strategy was measured: nothing saved", flush=True)
+        return {"interrupted": interrupted, "rows": [], "run_dir": None}
     run_dir.mkdir(parents=True, exist_ok=True)
-    return report(cfg, run_dir, per_strategy, cost)
+    done = [raws[0]["strategy"] for raws in per_strategy]
+    result = report(OmegaConf.merge(cfg, {"strategies": done}) if interrupted else cfg, run_dir, per_strategy, cost)
+    if interrupted:
+        left = [s for s in cfg.strategies if s not in done]
+        line = (f"interrupted ({interrupted}) after {len(done)} of {len(cfg.strategies)} strategies: their rows are "
+                f"in {run_dir}; not measured: {', '.join(left)}")
+        (run_dir / "INTERRUPTED").write_text(line + "\n")  # the tables alone would not say they are partial
+        print(line, flush=True)
+    return result | {"interrupted": interrupted}
 
 
 def meta_batch(cfg) -> list[torch.Tensor]:
@@ -93,11 +134,12 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     ddp = next((r for r in rows if r["strategy"] == REFERENCE), None)  # the bytes every row is a multiple of
     ddp_bytes = ddp["bytes"]["trace"] if ddp else ring_bytes(plan(REFERENCE, shape, r0["world"]))
     instrument = next((r["memory"]["instrument"] for r in rows if r["memory"]), "-")
+    link = (f"calibrated alpha {cost.alpha * 1e6:.1f} us, beta {cost.beta * 1e9:.3f} ns/B ({1 / cost.beta / 1e9:.2f} "
+            f"GB/s)" if r0["world"] > 1 and cost.beta > 0 else "no link at world 1: alpha and beta not calibrated, "
+            "nothing sent (run under torchrun --nproc_per_node=2 or more to compare communication)")
     header = (f"# minidist strategy comparison\n\n{cfg.model.name} ({shape.psi / 1e6:.2f}M parameters), world "
               f"{r0['world']}, {r0['backend']} on {r0['device']}, batch {cfg.trainer.batch_size} per rank, {cfg.steps} "
-              f"measured steps after {cfg.warmup_steps} warm-up; calibrated alpha {cost.alpha * 1e6:.1f} us, beta "
-              f"{cost.beta * 1e9:.3f} ns/B ({1 / cost.beta / 1e9 if cost.beta else float('inf'):.2f} GB/s); memory "
-              f"peak: {instrument}.")
+              f"measured steps after {cfg.warmup_steps} warm-up; {link}; memory peak: {instrument}.")
     raws = [raw for raws in per_strategy for raw in raws]
     (run_dir / "timeline.json").write_text(json.dumps(timeline.chrome_trace(raws)))
     proj_rows, clusters = _projection(cfg, rows, per_strategy, shape, cost)
@@ -147,7 +189,8 @@ def _projection(cfg, rows: list[dict], per_strategy, shape: ModelShape, cost: co
         lambda s, n, group: _states(p.params, s, group), tuple(p.clusters),
         wires={s: _wire(p, options[s]) for s in names}, options=options,
         tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1})
-    clusters = [projection.calibrated(cost.alpha, cost.beta)] + [
+    link = [projection.calibrated(cost.alpha, cost.beta)] if r0["world"] > 1 else []  # none at world 1
+    clusters = link + [
         projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9, c.net_alpha_us * 1e-6,
                            c.nic_GBps * 1e9, c.nics_per_node, c.label) for name, c in p.clusters.items()]
     return projection.project([here, big], clusters, names, list(p.ranks), list(p.devices_GB)), clusters

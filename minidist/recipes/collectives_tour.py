@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node=2 recipes/collectives_tour.py
     torchrun --standalone --nproc_per_node=3 -m minidist.recipes.collectives_tour
-    minidist-tour                               # installed: a world of one
+    minidist-tour                               # installed: 2 processes (NPROC=N), through torchrun
     python recipes/collectives_tour.py          # from a checkout: a world of one
 
 Each rank writes its lines into a list; rank 0 prints them grouped by rank at
@@ -15,6 +15,7 @@ this machine first).
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.distributed as dist
@@ -112,14 +113,25 @@ def act_four(out: Transcript, numel: int) -> None:
             comm.all_to_all(torch.empty(numel), x)
         comm.barrier()
     if rank == 0:
-        print(f"\n== cost: alpha = {model.alpha * 1e6:.1f} us, beta = {model.beta * 1e9:.3f} ns/byte "
-              f"({1 / model.beta / 1e9 if model.beta else float('inf'):.2f} GB/s), N = {world}, "
-              f"S = {numel * 4 / 1e6:.1f} MB per call")
+        link = (f"alpha = {model.alpha * 1e6:.1f} us, beta = {model.beta * 1e9:.3f} ns/byte "
+                f"({1 / model.beta / 1e9:.2f} GB/s)" if world > 1 and model.beta > 0 else
+                "no link at N = 1 (nothing is sent: the times are local copies; run under torchrun "
+                "--nproc_per_node=2 for alpha and beta)")
+        print(f"\n== cost: {link}, N = {world}, S = {numel * 4 / 1e6:.1f} MB per call")
         print(t.summary(model))
 
 
+def console(argv: list[str] | None = None) -> None:
+    """The console script `minidist-tour`: the README's world (minidist.recipes.launch: 2 processes, or every
+    GPU, under minidist.recipes.torchrun); one process for --help."""
+    from minidist.recipes import launch
+
+    launch.console("minidist-tour", "minidist.recipes.collectives_tour", sys.argv[1:] if argv is None else list(argv),
+                   main, lambda argv: any(a in ("-h", "--help") for a in argv))
+
+
 def main(argv: list[str] | None = None) -> None:
-    """The console script `minidist-tour`. It ends through runtime.run_main: one line per rank on an
+    """The tour in this process's world. It ends through runtime.run_main: one line per rank on an
     error, and never the interpreter's teardown after gloo ran (it can abort: runtime.exit_process)."""
     runtime.run_main(lambda: tour(argv))
 

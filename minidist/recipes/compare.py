@@ -4,6 +4,7 @@
     torchrun --standalone --nproc_per_node=2 -m recipes.compare model=gpt strategies=[ddp,zero1,shard_grad_op,full_shard,hybrid_shard]
     python -m recipes.compare --estimate model.n_layer=12 estimate.worlds=[1,8,64]   # memory only, nothing runs
     python -m recipes.compare --help | --cfg job | --info | --hydra-help             # Hydra's own flags
+    minidist-compare                                                                 # installed: 2 processes
     minidist-compare --estimate                                                      # installed: from anywhere
 
 Arguments are Hydra overrides of configs/compare.yaml (minidist.compare.config) and Hydra's flags
@@ -14,6 +15,7 @@ one line, exit 64: runtime.UsageError). Outputs: <out_dir>/<name> (default outpu
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from minidist.recipes import hydra_cli
@@ -34,6 +36,9 @@ def compose(args: list[str], config_dir: str | None = None,
 
     ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
     cfg = compose_config(args, config_name="compare", config_dir=config_dir)
+    if cfg.model.name != "gpt" and not any(a.split("=", 1)[0].lstrip("+") == "data" for a in args):
+        # the data follows the model where the command line names none: images for an image model
+        cfg = compose_config([*args, "data=synthetic"], config_name="compare", config_dir=config_dir)
     world_size, local = (None, None) if estimate else runtime.launched_world() if world is None else world
     try:
         check(cfg)
@@ -58,8 +63,21 @@ def check_command_line(argv: list[str], world_size: int | None, local_world_size
         _compose_args(args, (world_size, local_world_size), estimate)
 
 
+def console(argv: list[str] | None = None) -> None:
+    """The console script minidist-compare: the README's world (minidist.recipes.launch: 2 processes, or every
+    GPU, under minidist.recipes.torchrun); one process for --estimate and Hydra's informational flags."""
+    from minidist.recipes import launch
+
+    def one_process(argv: list[str]) -> bool:
+        args, _, estimate = _parse(argv)
+        return estimate or hydra_cli.is_informational(args)
+
+    launch.console("minidist-compare", "minidist.recipes.compare", sys.argv[1:] if argv is None else list(argv),
+                   main, one_process)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """The console script minidist-compare; ends through runtime.run_main (one-line errors, exit status)."""
+    """The comparison in this process's world; ends through runtime.run_main (one-line errors, exit status)."""
     from minidist import runtime
 
     runtime.run_main(lambda: _main(sys.argv[1:] if argv is None else list(argv)))
@@ -80,8 +98,9 @@ def _main(argv: list[str]) -> int:
         print(run.estimate_table(cfg))
         return 0
     with runtime.distributed(cfg.backend.value, cfg.timeout_s) as topo:
-        run.compare(cfg, topo)
-    return 0
+        result = run.compare(cfg, topo) or {}
+    stopped = result.get("interrupted")  # the rows measured so far are saved: 128 + the signal, as a shell says
+    return 128 + int(getattr(signal.Signals, stopped, signal.SIGINT)) if stopped else 0
 
 
 def _parse(argv: list[str]):

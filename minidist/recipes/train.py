@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node=2 -m minidist.recipes.train                # the main job (ddp)
     torchrun --standalone --nproc_per_node=2 -m minidist.recipes.train strategy=full_shard model.n_layer=6
+    minidist-train strategy=full_shard                                                # installed: 2 processes
     minidist-train experiment=gpt_tiny strategy=single                                # one process
     minidist-train --help | --cfg job | --info | --hydra-help                        # Hydra's own flags
     torchrun ... -m minidist.recipes.train --multirun strategy=ddp,full_shard model.n_layer=2,4
@@ -48,14 +49,19 @@ class Job:
         from hydra.types import RunMode
         from omegaconf import OmegaConf
 
+        from minidist.recipes.launch import continue_command
         from minidist.train.run_dir import RunRequest
         from minidist.train.trainer import train
 
         try:
             hc = HydraConfig.get()
-            chose_dir = any(o.split("=", 1)[0] == "hydra.run.dir" for o in hc.overrides.hydra)
-            request = RunRequest(dir=Path(hc.runtime.output_dir), named=hc.mode == RunMode.MULTIRUN or chose_dir,
-                                 overrides=tuple(hc.overrides.task), hydra_yaml=OmegaConf.to_yaml({"hydra": hc}))
+            chose_dir = [o for o in hc.overrides.hydra if o.split("=", 1)[0] == "hydra.run.dir"]
+            sweep = hc.mode == RunMode.MULTIRUN
+            run_dir = Path(hc.runtime.output_dir)
+            # a sweep's job is continued by its sweep's command: none to print for one job
+            command = None if sweep else continue_command([*hc.overrides.task, *chose_dir], run_dir)
+            request = RunRequest(dir=run_dir, named=sweep or bool(chose_dir), overrides=tuple(hc.overrides.task),
+                                 hydra_yaml=OmegaConf.to_yaml({"hydra": hc}), command=command)
             result = train(cfg, self.topo, self.callbacks, request)
             result.pop("model_state", None)  # the sweep keeps every job's result: not its weights
             self.preempted = bool(result.get("preempted"))  # the launcher starts no further job
@@ -72,6 +78,22 @@ def main(argv: list[str] | None = None, callbacks=()) -> None:
     from minidist import runtime
 
     runtime.run_main(lambda: _main(sys.argv[1:] if argv is None else list(argv), callbacks))
+
+
+def console(argv: list[str] | None = None) -> None:
+    """The console script minidist-train: the README's world (minidist.recipes.launch: 2 processes, or every
+    GPU, under minidist.recipes.torchrun), one process for strategy=single and Hydra's informational flags."""
+    from minidist.recipes import launch
+
+    launch.console("minidist-train", "minidist.recipes.train", sys.argv[1:] if argv is None else list(argv), main,
+                   _one_process)
+
+
+def _one_process(argv: list[str]) -> bool:
+    args, _ = hydra_cli.parse(argv)
+    if hydra_cli.is_informational(args):
+        return True
+    return all(cfg.strategy.name == "single" for cfg in _check_jobs(args, (None, None)))
 
 
 def check_command_line(argv: list[str], world_size: int | None, local_world_size: int | None) -> None:

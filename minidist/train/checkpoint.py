@@ -24,9 +24,9 @@ Across strategies: a whole model loads into any strategy (FSDP through its
 load_full_state_dict), and a whole optimizer state into any plain optimizer, FSDP's
 included (see minidist.parallel.portable); sharded files load into any engine that reads
 them (FSDP's into every FSDP strategy, at any world size). Anything else is refused in
-one line naming the strategy that wrote the checkpoint, except an optimizer state that
-only its own engine reads: the weights are loaded, the optimizer starts afresh, and the
-run says so. Checkpoints from before the layout record (files keyed by dp rank) load
+one line naming the strategy that wrote the checkpoint (CheckpointRefused: a bad input, exit
+64), except an optimizer state that only its own engine reads: the weights are loaded, the
+optimizer starts afresh, and the run says so. Checkpoints from before the layout record (files keyed by dp rank) load
 as they did.
 
 Why a checksum and fsync: a checkpoint must either load exactly as written or be refused.
@@ -51,13 +51,13 @@ import torch.nn as nn
 from minidist import comm
 from minidist.mesh import TP, Layout
 from minidist.parallel import portable
-from minidist.train.checkpoint_files import (MARKER, SHARDED, WHOLE, WITH_MODEL, CheckpointError, Contents, fsync_dir,
-                                             contents, coordinate, legacy_shapes, load_file, rng_state, save_file,
-                                             set_rng_state, verify, write_bytes_durably)
 from minidist.parallel.parallelize import unwrap
 from minidist.strategies import contract, get, records
+from minidist.train.checkpoint_files import (MARKER, SHARDED, WHOLE, WITH_MODEL, CheckpointError, CheckpointRefused,
+                                             Contents, contents, coordinate, fsync_dir, legacy_shapes, load_file,
+                                             rng_state, save_file, set_rng_state, verify, write_bytes_durably)
 
-__all__ = ["Checkpointer", "CheckpointError", "MARKER"]
+__all__ = ["Checkpointer", "CheckpointError", "CheckpointRefused", "MARKER"]
 
 # ------------------------------------------------------------------------ checkpointer
 class Checkpointer:
@@ -165,7 +165,8 @@ class Checkpointer:
     # ------------------------------------------------------------------ load
     def load(self, d: Path) -> dict:
         """Restore model, optimizer and RNG from a verified checkpoint; return its step and data position
-        (and "note": what could not be carried over, for the run's log; "" when everything was).
+        (and "note": what could not be carried over, for the run's log, "" when everything was;
+        "written_by": the strategy and mesh that wrote it, Contents.label).
 
         At another number of processes: the engines reshard, the data position is the job's
         (see BatchStream), and ranks without a saved RNG state keep their seeded one.
@@ -179,7 +180,7 @@ class Checkpointer:
         own = what.key(self.layout)
         if own is not None and f"state_{own}.pt" in files:
             set_rng_state(load_file(d / f"state_{own}.pt")["rng"] if own != what.main_key else state["rng"])
-        return state | {"note": note}
+        return state | {"note": note, "written_by": what.label()}
 
     def _shards(self, d: Path, files: dict, what: Contents) -> list[dict]:
         """Every saved rank's shard file of this rank's tp slice, in coordinate order."""
@@ -192,14 +193,14 @@ class Checkpointer:
     def _check_can_read(self, d: Path, what: Contents) -> None:
         """One line naming what wrote the checkpoint, where this run's engines cannot read it."""
         if what.model == SHARDED and not self.sharded_model:
-            raise CheckpointError(
+            raise CheckpointRefused(
                 f"checkpoint {d} was written by strategy={what.strategy}, which keeps the model in per-rank "
                 f"shards only; strategy={self.strategy} needs the whole model: resume with one of "
                 f"{', '.join(r.name for r in records() if r.model_engine is contract.ShardedModel)} (any number "
                 f"of processes), or start a new run")
         sharded_files = what.model == SHARDED or what.optimizer == SHARDED
         if sharded_files and what.tp != self.layout.size(TP):
-            raise CheckpointError(
+            raise CheckpointRefused(
                 f"checkpoint {d} was written by strategy={what.strategy} at strategy.tp_size={what.tp}, in shards "
                 f"per tensor-parallel slice; resume with strategy.tp_size={what.tp}")
 
@@ -239,5 +240,6 @@ class Checkpointer:
                  for k in sorted(saved.keys() | ours.keys()) if saved.get(k) != ours.get(k)]
         if diffs:
             more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
-            raise CheckpointError(f"checkpoint {d} does not match the configured model: {'; '.join(diffs[:3])}{more}; "
-                                  f"resume with the model settings in the run's .hydra/config.yaml, or start a new run")
+            raise CheckpointRefused(f"checkpoint {d} does not match the configured model: {'; '.join(diffs[:3])}"
+                                    f"{more}; resume with the model settings in the run's .hydra/config.yaml, or "
+                                    f"start a new run")

@@ -22,12 +22,18 @@ from pathlib import Path
 import torch
 
 from minidist.mesh import TP, Layout
+from minidist.runtime import UsageError
 
 MARKER = "COMPLETE"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+class CheckpointRefused(CheckpointError, UsageError):
+    """A sound checkpoint this run's settings cannot read (another model, a layout its engines cannot load):
+    a bad input, the same on every rank (runtime.UsageError: one line, exit 64), decided before any write."""
 
 
 # ------------------------------------------------------------------------------ files
@@ -134,9 +140,21 @@ class Contents:
     def tp(self) -> int:
         return dict(zip(self.dims, self.shape)).get(TP, 1)
 
+    def label(self) -> str:
+        """What wrote it, as the curves and the log name a layout: "ddp at 2 ranks" (layout_label)."""
+        return self.strategy if self.legacy else layout_label(self.strategy, self.dims, self.shape)
+
     def record(self) -> dict:
         return {"strategy": self.strategy, "dims": list(self.dims), "shape": list(self.shape), "model": self.model,
                 "optimizer": self.optimizer, "shapes": {k: list(v) for k, v in (self.shapes or {}).items()}}
+
+
+def layout_label(strategy: str, dims: tuple[str, ...], shape: tuple[int, ...]) -> str:
+    """"full_shard at 4 ranks (tp 2)": a strategy and its mesh, as a resumed run's log and curves name them."""
+    world, tp = 1, dict(zip(dims, shape)).get(TP, 1)
+    for n in shape:
+        world *= n
+    return f"{strategy} at {world} rank{'s' if world > 1 else ''}" + (f" (tp {tp})" if tp > 1 else "")
 
 
 def contents(d: Path, manifest: dict) -> Contents:

@@ -39,6 +39,7 @@ class NullLogger:
 
     def progress(self, step: int, postfix: dict) -> None: ...
     def log(self, row: dict) -> None: ...
+    def event(self, row: dict) -> None: ...
     def message(self, text: str) -> None: ...
     def close(self) -> None: ...
 
@@ -69,6 +70,11 @@ class RunLogger(NullLogger):
         self.jsonl.flush()
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+    def event(self, row: dict) -> None:
+        """A row for metrics.jsonl only (not wandb's charts): {"step", "layout", "was"} where a resume changed it."""
+        self.jsonl.write(json.dumps(finite(row), allow_nan=False) + "\n")
+        self.jsonl.flush()
 
     def message(self, text: str) -> None:
         self.bar.write(text, file=sys.stdout)
@@ -156,6 +162,11 @@ def plot(run_dir: Path, unit: str) -> Path:
     key = f"train/{unit}_per_s"
     ax2.plot([r["step"] for r in train if key in r], [r[key] for r in train if key in r])
     ax2.set(xlabel="step", ylabel=f"{unit}/s (all ranks)", title="throughput")
+    for row in (r for r in rows if "layout" in r):  # a resume under another strategy or world
+        for ax in (ax1, ax2):
+            ax.axvline(row["step"], color="gray", lw=0.8, ls="--")
+            ax.annotate(f"{row['was']}\n-> {row['layout']}", (row["step"], 1), xycoords=("data", "axes fraction"),
+                        xytext=(3, -3), textcoords="offset points", va="top", fontsize=7, color="dimgray")
     fig.tight_layout()
     out = run_dir / "curves.png"
     fig.savefig(out, dpi=100)

@@ -11,10 +11,18 @@ step. The cost is that tiny collective (~alpha, hidden) and one host read per st
 The run then writes a checkpoint, a PREEMPTED marker in its directory, and the recipe exits
 with EXIT_PREEMPTED (75, sysexits' "temporary failure, try again"), so that torchrun's
 restart or a SLURM requeue (launch/slurm.sbatch) resumes it with at most the current step lost.
+
+Ctrl-C is SIGINT, and the default signals include it (trainer.preempt_signals): a user who
+interrupts a run keeps it, as a scheduler's SIGTERM does. A second SIGINT while the first is
+pending stops at once (KeyboardInterrupt, exit 130, no checkpoint of the step in progress), as
+Lightning's second Ctrl-C does. Under torchrun the terminal's Ctrl-C reaches the agent only (its
+workers run in sessions of their own), which forwards it once; minidist.recipes.torchrun turns a
+second Ctrl-C into the end of the workers.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -34,11 +42,16 @@ def signal_number(name: str) -> signal.Signals:
 
 
 class PreemptionWatch:
-    """Catches `signals` in this process and tells, at each step boundary, whether any rank caught one."""
+    """Catches `signals` in this process and tells, at each step boundary, whether any rank caught one.
 
-    def __init__(self, signals: list[str], device: torch.device):
+    announce: the line said on stderr when the first SIGINT arrives, what happens next (the main
+    process's; None: nothing)."""
+
+    def __init__(self, signals: list[str], device: torch.device, announce: str | None = None):
         self.device = device
+        self.announce = announce
         self.caught: str | None = None
+        self.interrupts = 0
         self._previous: dict[signal.Signals, object] = {}
         self._flag: torch.Tensor | None = None
         self._work = None
@@ -47,7 +60,14 @@ class PreemptionWatch:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame) -> None:
-        self.caught = signal.Signals(signum).name
+        self.caught = self.caught or signal.Signals(signum).name
+        if signum != signal.SIGINT:
+            return
+        self.interrupts += 1
+        if self.interrupts > 1:
+            raise KeyboardInterrupt("interrupted twice: stopped at once")
+        if self.announce:  # os.write: a handler writing through sys.stderr could re-enter a write it interrupted
+            os.write(2, f"\n{self.announce}\n".encode())
 
     def start_step(self) -> None:
         """Before the step's work: launch the vote (async, so the step hides it)."""
@@ -63,6 +83,11 @@ class PreemptionWatch:
         self._work.wait()
         self._work = None
         return bool(self._flag.item())
+
+    def vote(self) -> bool:
+        """start_step() and should_stop() at once: a boundary with nothing to hide the vote behind."""
+        self.start_step()
+        return self.should_stop()
 
     def close(self) -> None:
         """Wait out a vote in flight and give the signals their previous handlers back."""

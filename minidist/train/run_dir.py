@@ -34,6 +34,8 @@ from omegaconf import OmegaConf
 from minidist import Topology, comm
 from minidist.mesh import is_main, main_rank
 from minidist.runtime import UsageError
+from minidist.train import relaunch
+from minidist.train.checkpoint_files import MARKER
 
 PLAN_BYTES = 8192
 HYDRA_DIR = ".hydra"
@@ -60,6 +62,8 @@ class RunRequest:
     """The command line's overrides: <run>/.hydra/overrides.yaml."""
     hydra_yaml: str | None = None
     """Hydra's own config for this job: <run>/.hydra/hydra.yaml."""
+    command: str | None = None
+    """The command line that continues this run (said when it stops on a signal); None: not known."""
 
 
 @dataclass(frozen=True)
@@ -160,18 +164,65 @@ def decide(cfg, request: RunRequest | None = None) -> RunPlan:
             message = f"resume=auto: no earlier run of this config under {out_dir.resolve()}; starting a new one"
     label = _label(run_dir, out_dir)
     if not run_dir.exists() or not any(run_dir.iterdir()):
+        check_writable(run_dir)
         if cfg.resume == "auto" and named:  # the first launch of a named run (launch/*.sh): say so
-            message = f"resume=auto: {run_dir.resolve()} holds no run yet; starting a new one there"
+            message = f"resume=auto: no checkpoint in {run_dir.resolve()}: starting from step 0 (a new run)"
         return RunPlan(run_dir, Action.NEW, label, message)
-    done = finished_step(run_dir)
+    done, kept = finished_step(run_dir), has_checkpoint(run_dir)
+    # what differs from the run's saved config; a model that cannot load is refused even where nothing would run
+    notes = relaunch.changes(_saved_fingerprint(run_dir), fingerprint(OmegaConf.to_container(cfg, enum_to_str=True)),
+                             run_dir, kept)
     if done is not None and done >= cfg.trainer.steps:
+        advice = ("raise trainer.steps with resume=auto to train on from its last checkpoint, or choose another "
+                  "name=" if kept else "it kept no checkpoint to train on from: choose another name= for a new run")
         return RunPlan(run_dir, Action.FINISHED, label, f"{run_dir.resolve()} finished at step {done}: nothing to "
-                       f"do (raise trainer.steps with resume=auto to train on, or choose another name=)", done)
+                       f"do ({advice})", done)
     if cfg.resume == "never":
         what = "a run" if config_file(run_dir).exists() or (run_dir / "metrics.jsonl").exists() else "files"
         raise ValueError(f"{run_dir.resolve()} already holds {what}; resume=auto continues it, or choose "
                          f"another name= (or hydra.run.dir=) for a new run")
-    return RunPlan(run_dir, Action.RESUME, label, message)
+    if done is not None and not kept:
+        raise ValueError(f"{run_dir.resolve()} finished at step {done} and kept no checkpoint, so trainer.steps="
+                         f"{cfg.trainer.steps} would train it again from step 0 over its outputs; choose another "
+                         f"name= for a new run (trainer.ckpt_interval keeps checkpoints to train on from)")
+    lines = ([message] if message else []) + notes
+    if not kept and cfg.resume == "auto":
+        lines.append(f"resume=auto: no checkpoint in {run_dir.resolve()}: starting from step 0")
+    return RunPlan(run_dir, Action.RESUME, label, "\n".join(lines))
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run kept a complete checkpoint (its COMPLETE marker; verified when it is loaded)."""
+    return any((Path(run_dir) / "checkpoints").glob(f"step_???????/{MARKER}"))
+
+
+def _saved_fingerprint(run_dir: Path) -> dict:
+    """The fingerprint of the run's saved config; {} without a readable one (nothing to compare)."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(config_file(run_dir)))
+    except Exception:  # noqa: BLE001 - absent or unreadable: the run predates .hydra/, or is not one
+        return {}
+    return fingerprint(saved) if isinstance(saved, dict) else {}
+
+
+def check_writable(run_dir: Path) -> None:
+    """ValueError (one line) unless run_dir exists or can be created: its nearest existing ancestor is a
+    directory this process can create entries in (probed by creating and removing one; nothing stays)."""
+    import tempfile
+
+    parent = Path(run_dir).resolve()
+    while not parent.exists():
+        parent = parent.parent
+    if parent == Path(run_dir).resolve() and parent.is_dir():
+        return
+    if not parent.is_dir():
+        raise ValueError(f"cannot create the run directory {Path(run_dir).resolve()}: {parent} is a file, not a "
+                         f"directory; choose another out_dir= (or name=)")
+    try:
+        Path(tempfile.mkdtemp(prefix=".minidist-probe-", dir=parent)).rmdir()
+    except OSError as exc:
+        raise ValueError(f"cannot create the run directory {Path(run_dir).resolve()}: {parent} is not writable "
+                         f"({exc.strerror}); choose another out_dir=") from None
 
 
 def plan_run(cfg, topo: Topology, mesh, request: RunRequest | None = None) -> RunPlan:
@@ -224,8 +275,18 @@ def _broadcast_text(text: str, topo: Topology, src: int) -> str:
 
 def run_dir_for(cfg, topo: Topology, mesh, prefix: str) -> Path:
     """<out_dir>/<name>; without cfg.name, <prefix>-<time> on the main process's clock, shared with every
-    rank (for programs other than the trainer, e.g. minidist.compare; the trainer uses plan_run)."""
-    if cfg.name:
-        return Path(cfg.out_dir) / cfg.name
-    name = _broadcast_text(f"{prefix}-{stamp()}" if is_main(mesh) else "", topo, main_rank(mesh))
-    return Path(cfg.out_dir) / name
+    rank (for programs other than the trainer, e.g. minidist.compare; the trainer uses plan_run). A
+    directory that cannot be created is refused before any work, by the main process for every rank
+    (UsageError, one line: check_writable)."""
+    text = ""
+    if is_main(mesh):
+        d = Path(cfg.out_dir) / (cfg.name or f"{prefix}-{stamp()}")
+        try:
+            check_writable(d)
+            text = json.dumps({"dir": str(d)})
+        except ValueError as exc:
+            text = json.dumps({"error": str(exc)})
+    got = json.loads(_broadcast_text(text, topo, main_rank(mesh)))
+    if "error" in got:
+        raise UsageError(got["error"])
+    return Path(got["dir"])

@@ -35,6 +35,7 @@ from minidist import Topology, comm, strategies
 from minidist.mesh import Layout
 from minidist.models.saved import save_model
 from minidist.train.checkpoint import Checkpointer
+from minidist.train.checkpoint_files import layout_label
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
 from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
@@ -45,6 +46,9 @@ from minidist.train.task import make_task
 
 PREEMPTED = "PREEMPTED"
 """Marker in the run directory: the last stop was a preemption (launch/slurm.sbatch requeues on it)."""
+
+STOPPING_LINE = "SIGINT: stopping after this step with a checkpoint (Ctrl-C again stops at once, without one)"
+"""What the main process says the moment Ctrl-C arrives (the run stops at the next step boundary)."""
 
 
 @dataclass
@@ -77,6 +81,8 @@ class Run:
     window: list = field(default_factory=list)
     """StepStats since the last logged step."""
     t0: float = field(default_factory=time.perf_counter)
+    request: RunRequest | None = None
+    """What the launcher asked for (the command that continues the run, if it knows one)."""
 
     def request_stop(self) -> None:
         """Checkpoint after the current step and return from train() (resume=auto continues)."""
@@ -134,7 +140,7 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
     stream = BatchStream(train_ds, tc.batch_size, rank, world, tc.seed)
     val_stream = BatchStream(val_ds, tc.batch_size, rank, world, tc.seed, shuffle=False)
     ckpt = Checkpointer(run_dir, tc.keep_last, model, optimizer, layout, shapes=shapes, strategy=cfg.strategy.name)
-    start, resumed_from, note = _resume(cfg, ckpt, stream, scaler)  # validates the checkpoint before any file is written
+    start, resumed_from, note, was = _resume(cfg, ckpt, stream, scaler)  # validates it before any file is written
     logger = NullLogger()
     if layout.is_main:
         write_config(plan, cfg, request)
@@ -144,26 +150,31 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
     if plan.message:
         logger.message(plan.message)
     if resumed_from is not None:
-        logger.message(f"resumed from step {start} ({resumed_from})" + (f"; {note}" if note else ""))
+        now = layout_label(cfg.strategy.name, layout.names, tuple(layout.mesh.shape))
+        changed = f"; written by {was}, continuing as {now}" if was != now else ""
+        logger.message(f"resumed from step {start} ({resumed_from}){changed}" + (f"; {note}" if note else ""))
+        if changed:  # the curves mark where the layout changed (metrics.plot)
+            logger.event({"step": start, "layout": now, "was": was})
     comm.flight_recorder.install_dump_handlers(str(run_dir))  # a hang or an error: flight_rank{r}.json here
-    watch = PreemptionWatch(list(tc.preempt_signals), topo.device)
+    watch = PreemptionWatch(list(tc.preempt_signals), topo.device,
+                            announce=STOPPING_LINE if layout.is_main else None)
     return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, strategies.get(cfg.strategy.name), stream,
-               val_stream, ckpt, logger, info, watch, scaler, start)
+               val_stream, ckpt, logger, info, watch, scaler, start, request=request)
 
 
-def _resume(cfg, ckpt: Checkpointer, stream: BatchStream, scaler=None) -> tuple[int, Path | None, str]:
-    """(first step to run, the checkpoint it comes from, what was not carried over): restores model,
-    optimizer, RNG, data position and the fp16 loss scale."""
+def _resume(cfg, ckpt: Checkpointer, stream: BatchStream, scaler=None) -> tuple[int, Path | None, str, str]:
+    """(first step to run, the checkpoint it comes from, what was not carried over, what wrote it): restores
+    model, optimizer, RNG, data position and the fp16 loss scale."""
     if cfg.resume == "never":
-        return 0, None, ""
+        return 0, None, "", ""
     d = ckpt.usable(None if cfg.resume == "auto" else Path(cfg.resume))
     if d is None:
-        return 0, None, ""
+        return 0, None, "", ""
     state = ckpt.load(d)
     stream.load_state_dict(state["data"])
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
-    return int(state["step"]), d, state["note"]
+    return int(state["step"]), d, state["note"], state["written_by"]
 
 
 # ------------------------------------------------------------------------------ step
@@ -324,8 +335,12 @@ def train(cfg, topo: Topology, callbacks: Sequence[Callback] = (), request: RunR
 
 
 def _stopped(run: Run, done: int) -> dict:
-    why = f"preempted ({run.preemption.caught or 'a signal on another rank'})" if run.preempted else "stopped"
+    caught = run.preemption.caught
+    why = "stopped" if not run.preempted else f"interrupted ({caught})" if caught == "SIGINT" else \
+        f"preempted ({caught or 'a signal on another rank'})"
     if run.layout.is_main and run.preempted:
         (run.run_dir / PREEMPTED).write_text(f"{done}\n")
-    run.logger.message(f"{why} after step {done}, checkpoint saved; resume=auto continues")
+    command = run.request.command if run.request is not None else None
+    run.logger.message(f"{why} after step {done}, checkpoint saved in {run.ckpt.step_dir(done)}; "
+                       + (f"continue with:\n  {command}" if command else "resume=auto continues"))
     return {"run_dir": str(run.run_dir), "stopped": True, "preempted": run.preempted, "step": done}

@@ -274,3 +274,52 @@ def test_memory_estimate_within_2_percent_in_both_loops(run_dist):
         for loop in LOOPS:
             measured = max(r[name][loop] for r in per_rank)  # the rank that holds the most
             assert abs(est / measured - 1) <= 0.02, (name, loop, est, measured)
+
+
+def body_interrupted(out: str) -> dict:
+    """compare() at world 2 with Ctrl-C on rank 0 once the first strategy is measured (a test's own hook on the
+    progress of the run: the signal lands where a user's would, between phases)."""
+    import contextlib
+    import io
+    import os
+    import signal
+
+    import minidist.compare.run as run_mod
+    from minidist import runtime
+    from recipes.compare import compose
+
+    topo = runtime.init("gloo")
+
+    class CtrlCAfterFirst(run_mod.Progress):
+        def done(self, name: str) -> None:
+            super().done(name)
+            if topo.rank == 0 and name == "ddp":
+                os.kill(os.getpid(), signal.SIGINT)
+
+    cfg = compose(TINY + ["strategies=[ddp,zero1]", "memory=false", f"out_dir={out}", "name=cut"], world=(2, 2))
+    real, run_mod.Progress = run_mod.Progress, CtrlCAfterFirst
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as stdout, contextlib.redirect_stderr(io.StringIO()) as stderr:
+            result = run_mod.compare(cfg, topo) or {}
+    finally:
+        run_mod.Progress = real
+    return {"interrupted": result.get("interrupted"), "rows": [r["strategy"] for r in result.get("rows", [])],
+            "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
+def test_an_interrupted_comparison_saves_what_it_measured(run_dist, tmp_path):
+    """Ctrl-C between strategies: every rank stops at the next phase, the main process writes the strategies
+    measured so far and says where; the progress bar named each strategy and phase as it went."""
+    main, other = run_dist(2, body_interrupted, str(tmp_path), timeout=300)
+    assert main["interrupted"] == "SIGINT" and other["interrupted"] == "a signal on another rank"
+    assert main["rows"] == ["ddp"], main
+    run = tmp_path / "cut"
+    line = f"interrupted (SIGINT) after 1 of 2 strategies: their rows are in {run}; not measured: zero1"
+    assert line in main["stdout"] and (run / "INTERRUPTED").read_text() == line + "\n", main["stdout"]
+    table = (run / "table.md").read_text()
+    assert "| ddp |" in table and "zero1" not in table
+    assert all((run / f).stat().st_size for f in ("comparison.png", "results.json", "projection.png"))
+    bar = main["stderr"]
+    assert "[1/2] ddp: warm-up" in bar and "[1/2] ddp: alone" in bar and "[1/2] ddp measured in" in bar, bar
+    assert "[2/2] zero1: warm-up" in bar and "zero1 measured" not in bar, bar
+    assert not other["stderr"] and not other["stdout"]  # rank 1 says nothing (no gloo "Connection closed")

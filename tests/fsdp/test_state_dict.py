@@ -104,13 +104,13 @@ DATA = Path(__file__).parent / "data"
 
 
 def body_load_v1() -> dict:
-    shards = [torch.load(DATA / f"flat_v1_rank{r}.pt", weights_only=False) for r in range(2)]
+    shards = [torch.load(DATA / f"flat_v1_rank{r}.pt", weights_only=True) for r in range(2)]
     return body_load(shards)
 
 
 def test_format1_checkpoints_load(run_dist):
     """Written by the flat-parameter FSDP (world 2): loads at world 2 and 3, and trains on as that engine did."""
-    expected = torch.load(DATA / "flat_v1_expected.pt", weights_only=False)
+    expected = torch.load(DATA / "flat_v1_expected.pt", weights_only=True)
     for world in (2, 3):
         for r in run_dist(world, body_load_v1):
             assert max_diff(r["loaded"], expected["full"]) == 0.0, world

@@ -57,7 +57,8 @@ def test_world_dependent_rules_follow_the_world():
 def test_resume_auto_of_a_run_that_never_ran_says_so(tmp_path):
     cfg = compose_config(TINY + [f"out_dir={tmp_path}", "name=never", "resume=auto"])
     plan = decide(cfg)
-    assert plan.action is Action.NEW and "holds no run yet; starting a new one" in plan.message, plan.message
+    assert plan.action is Action.NEW and plan.message == f"resume=auto: no checkpoint in {tmp_path.resolve()}/never: " \
+                                                         f"starting from step 0 (a new run)", plan.message
 
 
 def test_compare_mistakes_are_one_line():
@@ -68,12 +69,21 @@ def test_compare_mistakes_are_one_line():
         (["strategy_options.hybrid_shard.shard_size=3", "estimate.worlds=[2,4]"], True, "valid sizes: 1, 2, 4"),
         (["strategy_options.hybrid_shard.shard_size=4"], False, "does not divide the 2 ranks of this job"),
         (["strategies=[ddp,zero9]"], False, "zero9 not valid"),
+        (["model=resnet18", "data=stdlib"], False, "model=resnet18 reads images, not data=stdlib's text: use "
+                                                   "data=synthetic (generated, the default with this model) or "
+                                                   "data=cifar10"),
+        (["model=resnet18", "strategies=[ddp+tp2]"], False, "tensor parallelism has a plan for model=gpt only"),
     ]:
         with pytest.raises(ConfigError) as info:
             compose_compare(argv, world=(2, 2), estimate=estimate)
         assert "\n" not in str(info.value) and expect in str(info.value), str(info.value)
     # a shard group larger than a tabulated world is that whole world, as the estimate computes it
     compose_compare(["strategy_options.hybrid_shard.shard_size=8", "estimate.worlds=[1,2,16]"], estimate=True)
+    # model=resnet18 runs as typed: images it reads without a download, the rows without tensor parallelism
+    resnet = compose_compare(["model=resnet18"], world=(2, 2))
+    assert resnet.data.source == "synthetic" and "ddp" in resnet.strategies
+    assert not [row for row in resnet.strategies if "+tp" in row]
+    assert compose_compare(["model=resnet18", "data=cifar10"], world=(2, 2)).data.source == "cifar10"
 
 
 def test_compare_takes_hydras_flags(capsys):
@@ -109,19 +119,19 @@ def test_launcher_checks_before_any_worker_starts(tmp_path):
 
 def test_refusal_under_torchrun_is_printed_once_and_leaves_the_run_alone(tmp_path):
     """A run directory that holds a run, reused without resume=: every rank refuses after the process
-    group exists; bare torchrun shows the line once (then its own failure report, which only a launcher
-    such as minidist.recipes.torchrun can leave out), and the old run's files are byte for byte the same."""
+    group exists, local rank 0 says it once, and the old run's files are byte for byte the same. Through
+    minidist.recipes.torchrun (make train) that line is all: none of torchrun's own about the workers it
+    ends ("Sending process ... closing signal", "failed (exitcode: 64)"), and the job exits 64 (bare
+    torchrun would add its failure report and exit 1)."""
     run = tmp_path / "taken"
     (run / ".hydra").mkdir(parents=True)
     files = {run / "metrics.jsonl": '{"step": 1, "train/loss": 5.0}\n', run / ".hydra" / "config.yaml": "x: 1\n"}
     for f, text in files.items():
         f.write_text(text)
-    p = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+    p = _run([sys.executable, "-m", "minidist.recipes.torchrun", "--standalone", "--nproc_per_node=2", "-m",
               "recipes.train", *TINY, f"out_dir={tmp_path}", "name=taken"])
-    errors = [line for line in p.stderr.splitlines() if "error:" in line]
-    assert p.returncode != 0 and len(errors) == 1, p.stderr
-    assert errors[0] == f"error: UsageError: {run.resolve()} already holds a run; resume=auto continues it, or " \
-                        f"choose another name= (or hydra.run.dir=) for a new run", errors
-    assert "exitcode  : 64" in p.stderr  # torchrun's report names the status: a bad input
+    assert p.returncode == EXIT_USAGE and p.stderr.splitlines() == [
+        f"error: UsageError: {run.resolve()} already holds a run; resume=auto continues it, or choose another "
+        f"name= (or hydra.run.dir=) for a new run"], p.stderr
     assert {f: f.read_text() for f in files} == files and sorted(p.name for p in run.iterdir()) == [
         ".hydra", "metrics.jsonl"]

@@ -54,8 +54,10 @@ def test_tour_values(n, tmp_path):
     assert _value(out, 0, "reduce SUM to dst=0") == f"[{float(sum(range(1, n + 1)))}]"
     assert _value(out, 0, "gather to 0") == str([r + 0.5 for r in range(n)])
     assert "ring ms" in out and "reduce_scatter" in out
-    if n == 1:
+    if n == 1:  # no link to calibrate: said so, not "alpha = 0.0 us (inf GB/s)"
+        assert "== cost: no link at N = 1" in out and "inf" not in out, out
         return
+    assert " GB/s), N = " in out
     assert _value(out, 1, "before broadcast") == "[100]"
     # off the destination the tensor holds whatever the backend left: rank 1's own 2.0 at world 2
     # (at world 3 gloo leaves a partial sum there), flagged either way

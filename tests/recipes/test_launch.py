@@ -2,12 +2,23 @@
 (multi-node on one machine), and one plain process whose error is a single line. Each
 subprocess has a timeout; models are tiny."""
 
+import contextlib
+import io
 import os
+import re
+import shlex
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import torch
+
+from minidist import runtime
+from minidist.cli import compose_config
+from minidist.train import train
 from minidist.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,3 +149,48 @@ def test_slurm_script_requeues_a_preempted_torchrun_job(tmp_path):
     step = int((run / "PREEMPTED").read_text())
     assert (run / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
     assert not _noise(err), err
+
+
+def _resume_and_uninterrupted(out: str, resume: list[str], overrides: list[str]) -> tuple | None:
+    """The run resumed with `resume` (the printed command's overrides), and the same run never interrupted."""
+    topo = runtime.init("gloo")
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        resumed = train(compose_config(resume), topo)
+    whole = train(compose_config(overrides + [f"out_dir={out}", "name=whole"]), topo)
+    return (said.getvalue(), resumed["model_state"], whole["model_state"]) if topo.is_main else None
+
+
+def test_ctrl_c_under_torchrun_checkpoints_and_the_printed_command_resumes_it(run_dist, tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the launcher's process group; torch's workers have sessions of
+    their own, so torchrun forwards it): every rank finishes its step, checkpoints, the job exits 75 and prints
+    the command that continues it; that command's overrides resume (at world 2) to the weights of a run never
+    interrupted, bitwise."""
+    args = ["experiment=gpt_tiny", "trainer.steps=30", "trainer.log_interval=1", "trainer.eval_interval=0",
+            "trainer.ckpt_interval=1000", "data.max_bytes=200000"]
+    env = ENV | {"STEP_SLEEP_S": "0.03"}  # tests/recipes/slow_train.py: 30 steps take 1 s or more
+    launcher = [sys.executable, "-m", "minidist.recipes.torchrun", "--standalone", "--nproc_per_node=2", "-m",
+                "tests.recipes.slow_train"]
+    metrics = tmp_path / "cc" / "metrics.jsonl"
+    with open(tmp_path / "out", "w") as fo, open(tmp_path / "err", "w") as fe:
+        proc = subprocess.Popen([*launcher, *args, f"out_dir={tmp_path}", "name=cc"], cwd=REPO, env=env, stdout=fo,
+                                stderr=fe, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not metrics.exists() or not metrics.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "err").read_text()
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 75, (tmp_path / "err").read_text()
+    finally:
+        proc.kill()
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    said = re.search(r"interrupted \(SIGINT\) after step (\d+), checkpoint saved in (\S+); continue with:\n  (.+)\n",
+                     out)
+    assert said and 0 < int(said[1]) < 30 and Path(said[2]).is_dir(), out + err
+    command = shlex.split(said[3])
+    assert command[1:] == launcher[1:] + args + [f"out_dir={tmp_path}", "name=cc", "resume=auto"], command
+    assert "SIGINT: stopping after this step" in err and not _noise(err), err
+    log, resumed, whole = run_dist(2, _resume_and_uninterrupted, str(tmp_path), command[len(launcher):], args,
+                                   timeout=240)[0]
+    assert f"resumed from step {said[1]} ({said[2]})" in log, log
+    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)

@@ -13,6 +13,7 @@ from minidist import runtime
 from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
+from minidist.train.metrics import read_metrics
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
         "trainer.steps=8", "trainer.ckpt_interval=4", "trainer.batch_size=4"]
@@ -41,12 +42,14 @@ def _switches(out: str) -> dict:
     run("c", "strategy=zero1", "trainer.steps=4")
     got["zero1 -> ddp"] = run("c", "strategy=ddp", "resume=auto")
     metrics = Path(out) / "a" / "metrics.jsonl"
+    marks = [r for r in read_metrics(metrics) if "layout" in r] if topo.rank == 0 else None  # curves.png's marker
     before = metrics.read_bytes() if topo.rank == 0 else None
     with pytest.raises(CheckpointError) as refused:  # run "a" now ends in a full_shard checkpoint
         run("a", "strategy=ddp", "trainer.steps=10", "resume=auto")
     out_ = {k: {"diff": _diff(v, ddp) if topo.rank == 0 else None, "log": v["log"], "step": v["step"]}
             for k, v in got.items()}
-    return out_ | {"refused": str(refused.value), "untouched": metrics.read_bytes() == before if before else None}
+    return out_ | {"refused": str(refused.value), "untouched": metrics.read_bytes() == before if before else None,
+                   "usage": isinstance(refused.value, runtime.UsageError), "marks": marks}
 
 
 def test_resume_under_another_strategy(run_dist, tmp_path):
@@ -55,13 +58,16 @@ def test_resume_under_another_strategy(run_dist, tmp_path):
     # whole -> sharded: weights and AdamW's moments cut into FSDP's shards; equal to never switching
     # (restarting the moments instead would differ by ~5e-2 here)
     assert main["ddp -> full_shard"]["diff"] < 1e-5, main["ddp -> full_shard"]
-    assert "resumed from step 4" in main["ddp -> full_shard"]["log"]
+    log = main["ddp -> full_shard"]["log"]  # what changed, and the marker on the curves where it did
+    assert "strategy.name: ddp in the run, full_shard now: continuing under the new strategy" in log, log
+    assert "resumed from step 4" in log and "written by ddp at 2 ranks, continuing as full_shard at 2 ranks" in log
+    assert main["marks"] == [{"step": 4, "layout": "full_shard at 2 ranks", "was": "ddp at 2 ranks"}], main["marks"]
     assert main["full_shard -> hybrid_shard"]["diff"] < 1e-5, main["full_shard -> hybrid_shard"]
     zero = main["zero1 -> ddp"]  # ZeRO-1's optimizer shards only its engine reads: weights on, optimizer afresh
     assert zero["step"] == 8 and "the optimizer state starts afresh: strategy=zero1 saved it in ZeRO-1's shards" \
         in zero["log"], zero["log"]
-    line = main["refused"]
-    assert all(r["refused"] == line for r in ranks) and "\n" not in line
+    line = main["refused"]  # a bad input (exit 64), the same on every rank
+    assert all(r["refused"] == line and r["usage"] for r in ranks) and "\n" not in line
     assert "was written by strategy=full_shard, which keeps the model in per-rank shards only; strategy=ddp " \
         "needs the whole model: resume with one of shard_grad_op, full_shard, no_shard, hybrid_shard" in line, line
     assert main["untouched"]

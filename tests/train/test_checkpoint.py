@@ -55,20 +55,27 @@ def test_corrupted_checkpoints_are_named_and_skipped(run_dist, tmp_path):
     assert "step_0000008: model.pt: 1000 bytes" in msg and "step_0000006:" in msg, msg
 
 
-def _mismatch(out: str, strategy: str) -> str:
-    base = [f"out_dir={out}", f"name=mm-{strategy}", f"strategy={strategy}", "trainer.ckpt_interval=2"]
-    _run(base + ["trainer.steps=2"])
-    with pytest.raises(CheckpointError) as info:
-        _run(base + ["trainer.steps=4", "resume=auto", "model.n_embd=24"])
-    return str(info.value)
+def _mismatch(out: str, strategy: str) -> dict:
+    base = [f"out_dir={out}", f"strategy={strategy}", "trainer.ckpt_interval=2"]
+    _run(base + [f"name=mm-{strategy}", "trainer.steps=2"])
+    with pytest.raises(runtime.UsageError) as relaunch:  # the run's own config names the keys
+        _run(base + [f"name=mm-{strategy}", "trainer.steps=4", "resume=auto", "model.n_embd=24"])
+    with pytest.raises(CheckpointError) as explicit:  # a checkpoint named outright: its parameters say it
+        _run(base + [f"name=other-{strategy}", "trainer.steps=4", "model.n_embd=24",
+                     f"resume={out}/mm-{strategy}/checkpoints/step_0000002"])
+    return {"relaunch": str(relaunch.value), "explicit": str(explicit.value),
+            "usage": isinstance(explicit.value, runtime.UsageError)}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "full_shard"])
 def test_changed_model_names_the_first_differing_parameters(run_dist, tmp_path, strategy):
-    msg = run_dist(2, _mismatch, str(tmp_path), strategy, timeout=180)
-    assert msg[0] == msg[1]  # the same line on every rank
-    assert "does not match the configured model" in msg[0] and "\n" not in msg[0], msg[0]
-    assert "'blocks.0.attn.proj.bias' (32,) in the checkpoint vs (24,) in the model" in msg[0] and "in the model" in msg[0], msg[0]
+    got = run_dist(2, _mismatch, str(tmp_path), strategy, timeout=180)
+    assert got[0] == got[1]  # the same lines on every rank
+    line = got[0]["relaunch"]
+    assert "holds a run of another model: model.n_embd=24 (the run's: 32); its weights cannot load" in line, line
+    line = got[0]["explicit"]
+    assert "does not match the configured model" in line and "\n" not in line and got[0]["usage"], line
+    assert "'blocks.0.attn.proj.bias' (32,) in the checkpoint vs (24,) in the model" in line, line
 
 
 ELASTIC = ["trainer.steps=8", "trainer.ckpt_interval=4", "trainer.keep_last=4"]
