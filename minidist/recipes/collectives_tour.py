@@ -8,13 +8,14 @@
 Each rank writes its lines into a list; rank 0 prints them grouped by rank at
 the end of each act, so the output reads in order instead of interleaved. The
 last act times every collective under minidist.comm.trace() and prints the
-measured times beside the alpha-beta predictions (alpha and beta calibrated on
-this machine first).
+measured times beside the alpha-beta predictions (alpha and beta fitted with their
+errors on this machine first, at sizes other than the one traced).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import torch.distributed as dist
@@ -99,9 +100,15 @@ def act_three(out: Transcript) -> None:
 
 
 def act_four(out: Transcript, numel: int) -> None:
-    """Every collective on a real payload, traced, against the cost model."""
+    """Every collective on a real payload, traced, against the cost model fitted at other sizes.
+
+    alpha and beta come from all_reduces of comm.cost.CALIBRATION_SIZES less `numel`: the traced
+    all_reduce's prediction is then out of sample (a model checked at the size it was fitted to
+    proves little); each prediction carries the fit's standard error.
+    """
     rank, world = out.rank, out.world
-    model = comm.calibrate()
+    sizes = tuple(s for s in comm.cost.CALIBRATION_SIZES if s != numel)
+    model = comm.calibrate(sizes=sizes)
     x = torch.ones(numel)
     with comm.trace() as t:
         for _ in range(3):
@@ -112,10 +119,24 @@ def act_four(out: Transcript, numel: int) -> None:
             comm.all_to_all(torch.empty(numel), x)
         comm.barrier()
     if rank == 0:
-        print(f"\n== cost: alpha = {model.alpha * 1e6:.1f} us, beta = {model.beta * 1e9:.3f} ns/byte "
-              f"({1 / model.beta / 1e9 if model.beta else float('inf'):.2f} GB/s), N = {world}, "
-              f"S = {numel * 4 / 1e6:.1f} MB per call")
+        fitted = ", ".join(_size(s.payload_bytes) for s in model.samples)
+        print(f"\n== cost: {model.describe()}; N = {world}, S = {numel * 4 / 1e6:.1f} MB per call")
+        print(f"fitted on all_reduce of {fitted} (median [IQR] ms: "
+              + ", ".join(f"{s.median_s * 1e3:.3f} [{s.q1_s * 1e3:.3f}-{s.q3_s * 1e3:.3f}]" for s in model.samples)
+              + f"); every prediction below is at a size the fit did not see")
+        ar = [r for r in t.records if r.op == "all_reduce"]
+        wire = [w for r, w in zip(t.records, t.wire_times()) if r.op == "all_reduce"]
+        pred, se = model.predict("all_reduce", ar[0].payload_bytes, world), model.spread("all_reduce", ar[0].payload_bytes, world)
+        print(f"all_reduce of {_size(ar[0].payload_bytes)}: predicted {pred * 1e3:.3f} +- {se * 1e3:.3f} ms (ring), "
+              f"measured median {statistics.median(wire) * 1e3:.3f} ms of {len(wire)}")
         print(t.summary(model))
+
+
+def _size(nbytes: int) -> str:
+    for unit, k in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << k:
+            return f"{nbytes / (1 << k):g} {unit}"
+    return f"{nbytes} B"
 
 
 def main(argv: list[str] | None = None) -> None:
