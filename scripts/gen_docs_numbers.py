@@ -64,6 +64,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "worked_numbers_n4": (f"{TORCHRUN.format(n=4)} -m recipes.worked_numbers --measure", 900),
     "bench_bucket_overhead": (f"{TORCHRUN.format(n=2)} benchmarks/bucket_overhead.py", 600),
     "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
+    "scale_numbers": ("python -m recipes.scale_numbers", 120),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")
@@ -191,6 +192,10 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
         return out
     if job == "compare":
         return {job: compare_body(command, output)}
+    if job == "scale_numbers":  # one snippet per table
+        parts = dict(re.findall(r"^== (.*?)\n(.*?)(?=^== |\Z)", output, flags=re.M | re.S))
+        return {"scale_nccl": snippet(command, parts["NCCL's algorithms and protocols"]),
+                "scale_activations": snippet(command, parts["activation memory per rank"])}
     if job == "traced_step":  # one section per engine; the pictures are written beside (step_<engine>.png)
         from recipes.traced_step import ENGINES
         parts = dict(re.findall(r"^== (\w+): (.*?)(?=^== |\Z)", output, flags=re.M | re.S))

@@ -222,3 +222,23 @@ def _latency(op: str, algo: str, p: int, g: Graphs, node: HopperNode, ranks: int
     if algo == "nvls_tree":
         return lat + intra + 2 * int(math.log2(nodes)) * inter
     return lat + int(math.log2(nodes)) * (inter / 3.5) + ranks * 2.8  # pat
+
+
+def table(node: HopperNode | None = None, ranks: tuple[int, ...] = (8, 64, 1024),
+          sizes: tuple[int, ...] = (1 << 10, 1 << 20, 25 << 20, 1 << 30)) -> str:
+    """NCCL's choice and predicted time per collective, size and rank count: what the docs quote."""
+    node = node or HopperNode()
+    lines = [f"NCCL's model (tuning.cc, v2.30.7) on {node.name}: {node.gpus} GPUs per node, NVLink "
+             f"{node.nvlink_GBps:.1f} GB/s per GPU, a {node.nic_GBps * 8:.0f} Gb/s NIC per GPU; nBytes = whole buffer",
+             f"{'op':<15}{'size':>8}" + "".join(f"{'N=' + str(n):>28}" for n in ranks)]
+    for op in COLLECTIVES:
+        for size in sizes:
+            cells = []
+            for n in ranks:
+                c = predict(op, size, n, node)
+                cells.append(f"{c.algorithm}/{c.protocol} {c.seconds * 1e6:,.0f} us {c.bound[0]}")
+            label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+            lines.append(f"{op:<15}{label:>8}" + "".join(f"{x:>28}" for x in cells))
+    lines.append("algorithm/protocol, predicted time, l: latency-bound (latency >= bytes / bandwidth), b: bandwidth-bound")
+    return "\n".join(lines)
+

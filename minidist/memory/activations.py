@@ -204,3 +204,29 @@ def korthikanti(shape: GPTShape, par: Parallelism = Parallelism()) -> float:
     if par.sequence_parallel:
         return s * b * h * (34 + quad) / t
     return s * b * h * (10 + 24 / t + quad / t)
+
+
+GPT_7B = GPTShape(batch=4, seq=2048, hidden=4096, heads=32, layers=36, vocab=50304)
+"""A 7.5B GPT (12 L h^2 + V h = 7.45e9 parameters) at 8192 tokens per rank, the projection's scale."""
+
+
+def table(shape: GPTShape = GPT_7B, precision: str = "bf16") -> str:
+    """Per-layer and total activation bytes at a few layouts, beside the paper's per-layer formula (GB)."""
+    layouts = [("plain", Parallelism()), ("tp 8", Parallelism(tp=8)),
+               ("tp 8 + sp", Parallelism(tp=8, sequence_parallel=True)),
+               ("tp 8 + sp + vocab", Parallelism(tp=8, sequence_parallel=True, vocab_parallel=True)),
+               ("full recompute", Parallelism(recompute="full")),
+               ("tp 8 + sp, full recompute", Parallelism(tp=8, sequence_parallel=True, recompute="full"))]
+    p = RunPrecision(precision)
+    lines = [f"GPT L = {shape.layers}, h = {shape.hidden}, a = {shape.heads}, V = {shape.vocab}; b = {shape.batch} x s = "
+             f"{shape.seq} tokens per rank; {p.describe()}; flash attention (dropout 0)",
+             f"{'layout':<27}{'per layer GB':>13}{'paper GB':>10}{'layers GB':>11}{'head+loss GB':>14}{'total GB':>10}"]
+    for name, par in layouts:
+        a = activation_bytes(shape, p, par)
+        lines.append(f"{name:<27}{a.per_layer / 1e9:>13.3f}{korthikanti(shape, par) / 1e9:>10.3f}"
+                     f"{a.per_layer * a.layers / 1e9:>11.2f}{(a.embedding + a.head + a.loss) / 1e9:>14.2f}"
+                     f"{a.total / 1e9:>10.2f}")
+    lines.append("paper: Korthikanti et al. 2022, Table 2 (2-byte activations, 1-byte dropout masks, the 5 a s^2 b "
+                 "attention term\nunless recomputed); full recompute adds one layer rebuilt inside backward")
+    return "\n".join(lines)
+
