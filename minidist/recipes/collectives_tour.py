@@ -102,12 +102,12 @@ def act_three(out: Transcript) -> None:
 def act_four(out: Transcript, numel: int) -> None:
     """Every collective on a real payload, traced, against the cost model fitted at other sizes.
 
-    alpha and beta come from all_reduces of comm.cost.CALIBRATION_SIZES less `numel`: the traced
+    alpha and beta come from all_reduces of comm.cost.CALIBRATION_SIZES less those within 4x of `numel`: the traced
     all_reduce's prediction is then out of sample (a model checked at the size it was fitted to
     proves little); each prediction carries the fit's standard error.
     """
     rank, world = out.rank, out.world
-    sizes = tuple(s for s in comm.cost.CALIBRATION_SIZES if s != numel)
+    sizes = tuple(s for s in comm.cost.CALIBRATION_SIZES if not numel / 4 < s < 4 * numel)
     model = comm.calibrate(sizes=sizes)
     x = torch.ones(numel)
     with comm.trace() as t:
@@ -119,23 +119,29 @@ def act_four(out: Transcript, numel: int) -> None:
             comm.all_to_all(torch.empty(numel), x)
         comm.barrier()
     if rank == 0:
-        fitted = ", ".join(_size(s.payload_bytes) for s in model.samples)
         print(f"\n== cost: {model.describe()}; N = {world}, S = {numel * 4 / 1e6:.1f} MB per call")
-        print(f"fitted on all_reduce of {fitted} (median [IQR] ms: "
-              + ", ".join(f"{s.median_s * 1e3:.3f} [{s.q1_s * 1e3:.3f}-{s.q3_s * 1e3:.3f}]" for s in model.samples)
-              + f"); every prediction below is at a size the fit did not see")
-        ar = [r for r in t.records if r.op == "all_reduce"]
-        wire = [w for r, w in zip(t.records, t.wire_times()) if r.op == "all_reduce"]
-        pred, se = model.predict("all_reduce", ar[0].payload_bytes, world), model.spread("all_reduce", ar[0].payload_bytes, world)
-        print(f"all_reduce of {_size(ar[0].payload_bytes)}: predicted {pred * 1e3:.3f} +- {se * 1e3:.3f} ms (ring), "
-              f"measured median {statistics.median(wire) * 1e3:.3f} ms of {len(wire)}")
+        if model.samples:
+            print(_out_of_sample(model, t, world))
         print(t.summary(model))
+
+
+def _out_of_sample(model: comm.CostModel, t: comm.Trace, world: int) -> str:
+    """What the fit saw (median [IQR] per size), and the traced all_reduce's prediction beside its measurement."""
+    fitted = ", ".join(_size(s.payload_bytes) for s in model.samples)
+    spreads = ", ".join(f"{s.median_s * 1e3:.3f} [{s.q1_s * 1e3:.3f}-{s.q3_s * 1e3:.3f}]" for s in model.samples)
+    ar = [(r, w) for r, w in zip(t.records, t.wire_times()) if r.op == "all_reduce" and w is not None]
+    payload = ar[0][0].payload_bytes
+    wire = sorted(w for _, w in ar)
+    return (f"fitted on all_reduce of {fitted} (median [IQR] ms: {spreads}); every prediction below is at a size "
+            f"the fit did not see\nall_reduce of {_size(payload)}: predicted "
+            f"{model.predict('all_reduce', payload, world) * 1e3:.3f} +- {model.spread('all_reduce', payload, world) * 1e3:.3f}"
+            f" ms (ring), measured median {statistics.median(wire) * 1e3:.3f} ms of {len(wire)}")
 
 
 def _size(nbytes: int) -> str:
     for unit, k in (("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << k:
-            return f"{nbytes / (1 << k):g} {unit}"
+            return f"{nbytes / (1 << k):.4g} {unit}"
     return f"{nbytes} B"
 
 
