@@ -116,7 +116,7 @@ LEGENDS = {
         "(gloo's message headers); analytic: the same formulas applied call by call to the model's predicted call "
         "list (padding included; equal to ring when the calls are the predicted ones); formula: their closed form (S parameter bytes, G shard group, R replicas; a tensor-parallel "
         "row <strategy>+tp<T>: TP's term, L blocks of width h, b sequences of s tokens per tp group, e bytes per "
-        "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks); x DDP: trace "
+        "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks); x DDP: "
         "ring bytes over DDP's.",
     "time per step (median [interquartile range] of the measured steps)":
         "step: the trainer's step, the slowest rank; plain: the same step of the plain model (no wrapper, no "
