@@ -71,3 +71,69 @@ def cast_floating(tree, dtype: torch.dtype):
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
+
+
+# --------------------------------------------------------------------------- a run's precision, for the numbers
+
+PEAK_FLOPS = {
+    # dense tensor-core peaks from NVIDIA's datasheets (FLOP/s, no sparsity); fp32 is the CUDA-core rate that
+    # torch's default matmul precision ("highest") runs at (TF32, 7.4x faster on H100, is an opt-in)
+    "h100": {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},  # H100 SXM5
+    "h200": {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},  # H200 SXM: H100's compute, more memory
+    "a100": {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12},  # A100 SXM4
+}
+
+
+@dataclass(frozen=True)
+class RunPrecision:
+    """A run's precision, the one bytes, memory and compute are all priced at (trainer.precision's names).
+
+        fp32   everything fp32: parameters, gradients, activations, collectives 4 bytes; Adam K = 8
+               (two moments); compute at the fp32 rate
+        bf16   minidist's engines: fp32 masters, a bf16 compute copy of the parameters, bf16
+        fp16   activations and gradients, collectives in the compute dtype (reduce_dtype defaults to
+               it); Adam K = 12 (fp32 masters + two moments), ZeRO's p = g = 2; compute at the
+               tensor-core rate; fp16 adds a loss scale (no bytes)
+
+    ZeRO's model states per parameter, (p + g + K): 16 bytes either way (4 + 4 + 8 or 2 + 2 + 12), which is
+    why a bf16 run saves memory in activations and communication, not in states.
+    """
+
+    name: str = "fp32"
+
+    def __post_init__(self):
+        if self.name not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be fp32, bf16 or fp16, got {self.name!r}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype (activations, the parameters' compute copy, gradients as produced)."""
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.name]
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of activations, compute parameters, gradients and the collectives that move them."""
+        return 4 if self.name == "fp32" else 2
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """K: Adam's bytes per parameter beyond p and g (the fp32 masters too when they are not p)."""
+        return 8 if self.name == "fp32" else 12
+
+    @property
+    def state_bytes(self) -> int:
+        """p + g + K per parameter (ZeRO's 16 psi)."""
+        return 2 * self.compute_bytes + self.optimizer_bytes
+
+    def peak_flops(self, device: str) -> float:
+        """The device's dense peak FLOP/s at this precision (PEAK_FLOPS: h100, h200, a100)."""
+        if device not in PEAK_FLOPS:
+            raise ValueError(f"no peak FLOP/s for {device!r}; known: {', '.join(PEAK_FLOPS)}")
+        return PEAK_FLOPS[device][self.name]
+
+    def describe(self) -> str:
+        """The precision stated, as every number priced at it should say."""
+        if self.name == "fp32":
+            return "fp32 (4-byte activations and collectives; p = g = 4, K = 8 bytes per parameter)"
+        return (f"{self.name} with fp32 masters ({self.compute_bytes}-byte activations and collectives; "
+                f"p = g = 2, K = 12 bytes per parameter)")

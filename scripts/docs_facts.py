@@ -217,6 +217,15 @@ def worked_numbers_n4() -> list[Fact]:
     return facts
 
 
+def scale_numbers(part: str) -> Callable[[], list[Fact]]:
+    """recipes/scale_numbers.py's tables: formulas and shapes only, every number structural."""
+    def facts() -> list[Fact]:
+        from minidist.comm import nccl
+        from minidist.memory import activations
+        return [text(f"the {part} table", (nccl.table() if part == "nccl" else activations.table()).strip("\n"))]
+    return facts
+
+
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
@@ -280,6 +289,10 @@ def registry() -> dict[str, Snippet]:
     snippets.update({name: Snippet("code", "every line", "", code_quote(name)) for name in CODE_QUOTES})
     snippets["strategies"] = Snippet("strategies", "every row (the strategies' records)", "",
                                      lambda: [text("the records' table", ladder.table())])
+    snippets["scale_nccl"] = Snippet("scale_numbers", "every number (NCCL's model, minidist.comm.nccl)", "",
+                                     scale_numbers("nccl"))
+    snippets["scale_activations"] = Snippet("scale_numbers", "every number (the formulas, minidist.memory)", "",
+                                            scale_numbers("activations"))
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job not in ("code", "strategies") and not any(s.job == job for s in snippets.values()):

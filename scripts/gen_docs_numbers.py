@@ -4,6 +4,7 @@
     .venv/bin/python scripts/gen_docs_numbers.py tour lessons # some jobs
     .venv/bin/python scripts/gen_docs_numbers.py code         # the cheap one: code quoted from the package
     .venv/bin/python scripts/gen_docs_numbers.py --check      # is any committed snippet stale? (no measuring)
+    .venv/bin/python scripts/gen_docs_numbers.py --readme     # README.md's numbers from the snippets
 
 Each job runs one command (the tour, the lessons, a benchmark) and writes
 docs/generated/<snippet>.md: the command, its output verbatim, and a stamp saying which
@@ -12,7 +13,8 @@ to the code (scripts/docs_facts.py). Before writing, the output is checked again
 structural facts recomputed from the same code (collectives per step, bucket layouts,
 claim wording, ...): a run that disagrees with the code it ran is not published. Pages
 include the snippets with pymdownx.snippets (--8<-- "<snippet>.md"), so no measured number
-in the docs is typed by hand. Commit your code first (the stamp names the commit; a tree
+in the docs is typed by hand; README.md's measured numbers are copied from the snippets after every
+job (scripts/readme_facts.py). Commit your code first (the stamp names the commit; a tree
 with uncommitted changes to the code is refused unless --allow-dirty), then the snippets.
 """
 
@@ -34,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import docs_facts  # noqa: E402 - the directory of this script
+import readme_facts  # noqa: E402
 
 ROOT = docs_facts.ROOT
 OUT = docs_facts.GENERATED
@@ -62,6 +65,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "worked_numbers_n4": (f"{TORCHRUN.format(n=4)} -m recipes.worked_numbers --measure", 900),
     "bench_bucket_overhead": (f"{TORCHRUN.format(n=2)} benchmarks/bucket_overhead.py", 600),
     "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
+    "scale_numbers": ("python -m recipes.scale_numbers", 120),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")
@@ -189,6 +193,10 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
         return out
     if job == "compare":
         return {job: compare_body(command, output)}
+    if job == "scale_numbers":  # one snippet per table
+        parts = dict(re.findall(r"^== (.*?)\n(.*?)(?=^== |\Z)", output, flags=re.M | re.S))
+        return {"scale_nccl": snippet(command, parts["NCCL's algorithms and protocols"]),
+                "scale_activations": snippet(command, parts["activation memory per rank"])}
     if job == "traced_step":  # one section per engine; the pictures are written beside (step_<engine>.png)
         from recipes.traced_step import ENGINES
         parts = dict(re.findall(r"^== (\w+): (.*?)(?=^== |\Z)", output, flags=re.M | re.S))
@@ -232,8 +240,18 @@ def check_all() -> int:
     for name in sorted(set(reg) & on_disk):
         problems += [f"{name} (job {reg[name].job}): {m}"
                      for m in docs_facts.check_snippet(name, (OUT / f"{name}.md").read_text(), facts.get(name))]
-    print("\n".join(problems) or "every snippet agrees with the code")
+    problems += readme_facts.check(readme_facts.README.read_text())
+    print("\n".join(problems) or "every snippet agrees with the code, and README.md with the snippets")
     return 1 if problems else 0
+
+
+def write_readme() -> None:
+    """README.md's marked numbers from the snippets as they are now (scripts/readme_facts.py)."""
+    old = readme_facts.README.read_text()
+    new = readme_facts.rewrite(old)
+    if new != old:
+        readme_facts.README.write_text(new)
+        print("wrote README.md's numbers from the snippets")
 
 
 def main() -> None:
@@ -241,9 +259,12 @@ def main() -> None:
     ap.add_argument("jobs", nargs="*", help=f"jobs to run (default: all): {', '.join(JOBS)}")
     ap.add_argument("--check", action="store_true", help="only check the committed snippets against the code")
     ap.add_argument("--allow-dirty", action="store_true", help="measure code with uncommitted changes")
+    ap.add_argument("--readme", action="store_true", help="only copy README.md's numbers from the snippets")
     args = ap.parse_args()
     if args.check:
         raise SystemExit(check_all())
+    if args.readme:
+        return write_readme()
     unknown = [j for j in args.jobs if j not in JOBS]
     if unknown:
         ap.error(f"unknown jobs {unknown}; known: {', '.join(JOBS)}")
@@ -256,6 +277,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for job in args.jobs or JOBS:
         write_job(job, commit)
+    write_readme()
 
 
 if __name__ == "__main__":

@@ -248,16 +248,17 @@ class Trace:
         return sum(r.wire_bytes for r in self.records)
 
     def summary(self, cost_model=None) -> str:
-        """A table per op and algorithm: bytes, times; with a CostModel, predicted times beside wire."""
+        """A table per op and algorithm: bytes, times; with a CostModel, the alpha-beta predictions of the ring and
+        of recursive halving-doubling (minidist.comm.cost) beside the wire time."""
         head = (f"{'op':<15}{'algo':>7}{'calls':>6}{'payload MB':>11}{'sent MB':>9}{'wire MB':>9}"
                 f"{'span ms':>10}{'waited ms':>10}{'exposed ms':>11}{'wire ms':>9}")
-        if cost_model is not None:
-            head += f"{'ring ms':>9}{'tree ms':>9}"
+        if cost_model is not None:  # the alpha-beta model's two columns (minidist.comm.cost.ALGORITHMS)
+            head += f"{'ring ms':>9}{'halv-dbl ms':>12}"
         lines = [head, "-" * len(head)]
         predicted: dict = defaultdict(lambda: [0.0, 0.0])
         if cost_model is not None:  # the collective that really ran (wire_op), on the full payload
             for r in self.records:
-                for k, algo in enumerate(("ring", "tree")):
+                for k, algo in enumerate(("ring", "halving_doubling")):
                     predicted[(r.op, r.algorithm)][k] += cost_model.predict(r.wire_op or r.op, r.payload_bytes,
                                                                            r.group_size, algo)
         for (op, algo), row in sorted(self.totals(by_algorithm=True).items()):
@@ -265,7 +266,7 @@ class Trace:
                     f"{row['sent_bytes'] / 1e6:>9.3f}{row['wire_bytes'] / 1e6:>9.3f}{row['span_s'] * 1e3:>10.3f}"
                     f"{row['waited_s'] * 1e3:>10.3f}{row['exposed_s'] * 1e3:>11.3f}{row['wire_s'] * 1e3:>9.3f}")
             if cost_model is not None:
-                line += f"{predicted[(op, algo)][0] * 1e3:>9.3f}{predicted[(op, algo)][1] * 1e3:>9.3f}"
+                line += f"{predicted[(op, algo)][0] * 1e3:>9.3f}{predicted[(op, algo)][1] * 1e3:>12.3f}"
             lines.append(line)
         return "\n".join(lines)
 

@@ -28,7 +28,8 @@ the slowest rank's):
                the last member's issue), the mean over ranks: against `alone`, what running inside
                the step (sharing the cores with compute, several collectives at once) cost
     algbw      per op, payload / time alone; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n
-               (all_gather, reduce_scatter), 1 (broadcast): nccl-tests' definitions
+               (all_gather, reduce_scatter), 1 (broadcast): nccl-tests' definitions; calls on one-rank
+               groups (a tp2 row's data-parallel group at world 2) are left out of both
 
 Memory (the rank with the largest peak): the allocator's peak (minidist.compare.allocator: torch's
 profiler on the CPU, the CUDA allocator on a GPU), the ledger's split of its own peak by role,
@@ -86,6 +87,8 @@ def _alone(raws: list[dict], cost: CostModel) -> dict:
     rounds = [statistics.mean(sum(c["seconds"][k] for c in rank) for rank in calls) for k in range(repeats)]
     ops: dict[str, dict] = defaultdict(lambda: {"calls": 0, "payload": 0, "bus": 0.0, "seconds": 0.0, "predicted": 0.0})
     for c, t in zip(calls[0], per_call):
+        if c["group_size"] <= 1:  # a one-rank group moves nothing and takes no time: not a bandwidth sample
+            continue
         o = ops[c["op"]]
         o["calls"] += 1
         o["payload"] += c["payload_bytes"]

@@ -60,7 +60,7 @@ def _bw(r: dict, which: str) -> str:
 COMMUNICATION: list[Column] = [
     ("strategy", lambda r, d: r["strategy"]),
     ("calls/step", lambda r, d: _calls(r)),
-    ("trace MB", lambda r, d: _mb(r["bytes"]["trace"])),
+    ("ring MB", lambda r, d: _mb(r["bytes"]["trace"])),
     ("wire MB", lambda r, d: _mb(r["bytes"]["wire"])),
     ("kernel MB", lambda r, d: _mb(r["bytes"]["kernel"])),
     ("kernel/wire", lambda r, d: _pct(r["bytes"]["kernel_error"])),
@@ -108,15 +108,16 @@ TABLES = {"communication per step and rank (mean over ranks)": COMMUNICATION,
           "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH}
 LEGENDS = {
     "communication per step and rank (mean over ranks)":
-        "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast. trace: the bytes minidist.comm.trace "
-        "counts (ring model; a broadcast is sent by N-1 of N ranks, S(N-1)/N on average); wire: for the collective "
+        "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast. ring: the ring formula's bytes "
+        "(minidist.comm.trace) of the calls the trace recorded, a formula, not a measurement (a broadcast is sent by "
+        "N-1 of N ranks, S(N-1)/N on average; kernel is the measurement); wire: the same for the collective "
         "the backend really runs (gloo's own reduce_scatter is an all_reduce); kernel: what the kernel counted this "
         "process writing (/proc/self/io, gloo only: NCCL's bytes are not measured); kernel/wire: their difference "
-        "(gloo's message headers); analytic: the textbook formulas applied call by call to the model (padding "
-        "included); formula: their closed form (S parameter bytes, G shard group, R replicas; a tensor-parallel "
+        "(gloo's message headers); analytic: the same formulas applied call by call to the model's predicted call "
+        "list (padding included; equal to ring when the calls are the predicted ones); formula: their closed form (S parameter bytes, G shard group, R replicas; a tensor-parallel "
         "row <strategy>+tp<T>: TP's term, L blocks of width h, b sequences of s tokens per tp group, e bytes per "
-        "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks); x DDP: trace "
-        "bytes over DDP's.",
+        "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks); x DDP: "
+        "ring bytes over DDP's.",
     "time per step (median [interquartile range] of the measured steps)":
         "step: the trainer's step, the slowest rank; plain: the same step of the plain model (no wrapper, no "
         "communication); overhead: step - plain; alone: the step's collectives run alone, one at a time; hidden: "

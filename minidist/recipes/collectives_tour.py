@@ -8,13 +8,14 @@
 Each rank writes its lines into a list; rank 0 prints them grouped by rank at
 the end of each act, so the output reads in order instead of interleaved. The
 last act times every collective under minidist.comm.trace() and prints the
-measured times beside the alpha-beta predictions (alpha and beta calibrated on
-this machine first).
+measured times beside the alpha-beta predictions (alpha and beta fitted with their
+errors on this machine first, at sizes other than the one traced).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 import torch
@@ -100,9 +101,15 @@ def act_three(out: Transcript) -> None:
 
 
 def act_four(out: Transcript, numel: int) -> None:
-    """Every collective on a real payload, traced, against the cost model."""
+    """Every collective on a real payload, traced, against the cost model fitted at other sizes.
+
+    alpha and beta come from all_reduces of comm.cost.CALIBRATION_SIZES less those within 4x of `numel`: the traced
+    all_reduce's prediction is then out of sample (a model checked at the size it was fitted to
+    proves little); each prediction carries the fit's standard error.
+    """
     rank, world = out.rank, out.world
-    model = comm.calibrate()
+    sizes = tuple(s for s in comm.cost.CALIBRATION_SIZES if not numel / 4 < s < 4 * numel)
+    model = comm.calibrate(sizes=sizes)
     x = torch.ones(numel)
     with comm.trace() as t:
         for _ in range(3):
@@ -113,12 +120,33 @@ def act_four(out: Transcript, numel: int) -> None:
             comm.all_to_all(torch.empty(numel), x)
         comm.barrier()
     if rank == 0:
-        link = (f"alpha = {model.alpha * 1e6:.1f} us, beta = {model.beta * 1e9:.3f} ns/byte "
-                f"({1 / model.beta / 1e9:.2f} GB/s)" if world > 1 and model.beta > 0 else
+        link = (model.describe() if world > 1 and model.beta > 0 else
                 "no link at N = 1 (nothing is sent: the times are local copies; run under torchrun "
                 "--nproc_per_node=2 for alpha and beta)")
-        print(f"\n== cost: {link}, N = {world}, S = {numel * 4 / 1e6:.1f} MB per call")
+        print(f"\n== cost: {link}; N = {world}, S = {numel * 4 / 1e6:.1f} MB per call")
+        if model.samples and world > 1:
+            print(_out_of_sample(model, t, world))
         print(t.summary(model))
+
+
+def _out_of_sample(model: comm.CostModel, t: comm.Trace, world: int) -> str:
+    """What the fit saw (median [IQR] per size), and the traced all_reduce's prediction beside its measurement."""
+    fitted = ", ".join(_size(s.payload_bytes) for s in model.samples)
+    spreads = ", ".join(f"{s.median_s * 1e3:.3f} [{s.q1_s * 1e3:.3f}-{s.q3_s * 1e3:.3f}]" for s in model.samples)
+    ar = [(r, w) for r, w in zip(t.records, t.wire_times()) if r.op == "all_reduce" and w is not None]
+    payload = ar[0][0].payload_bytes
+    wire = sorted(w for _, w in ar)
+    return (f"fitted on all_reduce of {fitted} (median [IQR] ms: {spreads}); every prediction below is at a size "
+            f"the fit did not see\nall_reduce of {_size(payload)}: predicted "
+            f"{model.predict('all_reduce', payload, world) * 1e3:.3f} +- {model.spread('all_reduce', payload, world) * 1e3:.3f}"
+            f" ms (ring), measured median {statistics.median(wire) * 1e3:.3f} ms of {len(wire)}")
+
+
+def _size(nbytes: int) -> str:
+    for unit, k in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << k:
+            return f"{nbytes / (1 << k):.4g} {unit}"
+    return f"{nbytes} B"
 
 
 def console(argv: list[str] | None = None) -> None:

@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import docs_facts  # noqa: E402
+import readme_facts  # noqa: E402
 
 REGISTRY = docs_facts.registry()
 ON_DISK = sorted(p.stem for p in docs_facts.GENERATED.glob("*.md"))
@@ -105,3 +106,18 @@ def test_the_readme_ladder_is_the_records():
     for name, row in named.items():
         assert strategies.get(name).closed_form.replace(" ", "") in row.replace(" ", ""), (name, row)
     assert docs_facts.ladder.table() in (docs_facts.GENERATED / "strategies.md").read_text()
+
+
+def test_readme_numbers_are_the_snippets():
+    """Every marked number of README.md is what its snippet says (scripts/readme_facts.py), and every fact is marked."""
+    problems = readme_facts.check(readme_facts.README.read_text())
+    assert not problems, "\n".join(problems)
+
+
+def test_a_stale_readme_number_fails():
+    """The issue's stale README ratio (0.51x, where the lesson prints 0.427x) would fail the check."""
+    readme = readme_facts.README.read_text()
+    stale = readme_facts.MARKER.sub(lambda m: m.group(0).replace(m.group(2), "0.51x") if m.group(1) == "fsdp_x_tp"
+                                    else m.group(0), readme)
+    assert any("fsdp_x_tp" in p and "0.51x" in p for p in readme_facts.check(stale))
+    assert readme_facts.check(readme_facts.rewrite(stale)) == []

@@ -68,3 +68,8 @@ def test_tour_values(n, tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("rank ")]
     first_act = lines[: lines.index(next(x for x in lines if "scatter from 0" in x))]
     assert [int(x.split()[1]) for x in first_act] == sorted(int(x.split()[1]) for x in first_act)
+    # the cost act: alpha and beta with their errors, fitted at sizes other than the traced one (4096 floats)
+    assert "+-" in out and "at a size the fit did not see" in out
+    assert next(x for x in out.splitlines() if x.startswith("all_reduce of ")).count("predicted") == 1
+    fitted = next(x for x in out.splitlines() if x.startswith("fitted on all_reduce of "))
+    assert "16 KiB," not in fitted
