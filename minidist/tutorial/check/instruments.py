@@ -101,7 +101,8 @@ class Memory:
 
     `external`: modules and optimizers whose parameters, gradients and state exist already; they
     are counted from the start, so that touching them inside the block adds nothing. Anything else
-    created inside is counted while it lives (gc runs at both ends: garbage is not kept memory).
+    created inside is counted while it lives.
+    A collective on every rank: a barrier ends the block.
     """
 
     def __init__(self, *external):
@@ -111,7 +112,6 @@ class Memory:
 
     def __enter__(self) -> "Memory":
         from torch.distributed._tools.mem_tracker import MemTracker
-        gc.collect()
         self._mt = MemTracker()
         self._stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore", UserWarning)  # MemTracker warns about the None grads it is handed
@@ -121,7 +121,9 @@ class Memory:
         return self
 
     def __exit__(self, *exc) -> None:
-        gc.collect()
+        if exc[0] is None and dist.is_initialized():
+            dist.barrier()  # gloo's worker drops a finished collective's tensors just after the caller resumes
+        gc.collect(1)   # the block's young cyclic garbage is not kept memory (a full collection costs 0.1 s)
         self.end, self.peak = self._total("current"), self._total("peak")
         self._stack.close()
 
