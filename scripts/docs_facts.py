@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from lesson_facts import LESSON_MEASURED, lesson, lesson_claims, lessons  # noqa: F401 - lesson_claims: tests
+from tutorial_facts import tutorial
 from snippet_check import (GENERATED, ROOT, STAMP, Fact, Snippet, _norm, cell, check, from_json,  # noqa: F401
                            read_cell, text, to_json)
 
@@ -277,6 +278,7 @@ def registry() -> dict[str, Snippet]:
                                                  f"docs/generated/step_{e}.png, is redrawn with it)", traced_step(e),
                                                  world=2) for e in ("ddp", "zero", "fsdp")})
     snippets.update({name: Snippet("code", "every line", "", code_quote(name)) for name in CODE_QUOTES})
+    snippets.update(tutorial())
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job != "code" and not any(s.job == job for s in snippets.values()):
