@@ -3,8 +3,8 @@
 The same GPT and batch under each engine (fp32 AdamW); after two warm-up steps one step runs under
 torch's profiler (profile_memory: an event for every allocation and free of the CPU allocator, with
 record_function windows for forward, backward and the optimizer step), on top of what the engine
-held when the step began, which torch's MemTracker counts (every storage of the model, its gradients
-and the optimizer's state). The profiler follows the thread that started it: a block gloo's worker
+held when the step began, which torch's MemTracker counts (opened before the model was built: every
+storage the engine made and still holds, its buckets and flat buffers included). The profiler follows the thread that started it: a block gloo's worker
 thread frees is never seen freed, so an address the allocator hands out again is taken as freed then
 (what the curve may still over-count is printed: the step's end against its start).
 """
@@ -54,14 +54,23 @@ class _nothing:
         return False
 
 
-def held_at_start(model, opt) -> int:
-    """Live bytes of the model, its gradients and the optimizer's state (MemTracker, nothing run)."""
+def built_and_warmed(engine: str, x, y):
+    """(model, optimizer, live bytes after two warm-up steps): torch's MemTracker, opened before the model is
+    built, counts everything the engine made that is still alive (parameters, gradients, state, buffers)."""
+    import gc
+
     from torch.distributed._tools.mem_tracker import MemTracker
     mt = MemTracker()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), mt:
         warnings.simplefilter("ignore", UserWarning)
-        mt.track_external(model, opt)
-    return int(mt.get_tracker_snapshot("current").get(torch.device("cpu"), {}).get("Total", 0))
+        model, opt = build(engine)
+        for _ in range(2):
+            step(model, opt, x, y)
+            mt.reset_mod_stats()
+        dist.barrier()
+        gc.collect()
+        held = int(mt.get_tracker_snapshot("current").get(torch.device("cpu"), {}).get("Total", 0))
+    return model, opt, held
 
 
 def timeline(model, opt, x, y) -> tuple[list[float], list[float], dict[str, tuple[float, float]]]:
@@ -101,10 +110,7 @@ def memory(save) -> None:
     x, y = x[:, :-1], x[:, 1:]
     curves = {}
     for engine in ENGINES:
-        model, opt = build(engine)
-        for _ in range(2):
-            step(model, opt, x, y)
-        start = held_at_start(model, opt)
+        model, opt, start = built_and_warmed(engine, x, y)
         ms, live, phases = timeline(model, opt, x, y)
         curves[engine] = (ms, [(start + b) / 2**20 for b in live], phases, start)
     if dist.get_rank() != 0:
