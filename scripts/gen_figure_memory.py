@@ -115,7 +115,7 @@ def memory(save) -> None:
         curves[engine] = (ms, [(start + b) / 2**20 for b in live], phases, start)
     if dist.get_rank() != 0:
         return
-    fig, axes = plt.subplots(len(ENGINES), 1, figsize=(10, 7.5), sharey=True)
+    fig, axes = plt.subplots(len(ENGINES), 1, figsize=(8.2, 7.5), sharey=True)
     shade = {"forward": "#DDEEFF", "backward": "#FFE8D6", "optimizer": "#E3F2E1"}
     for ax, (engine, (ms, mib, phases, start)) in zip(axes, curves.items()):
         for name, (a, b) in phases.items():
@@ -124,10 +124,10 @@ def memory(save) -> None:
         ax.axhline(start / 2**20, color="0.5", lw=0.8, ls="--")
         ax.set_ylabel("MiB")
         ax.set_title(f"{engine}: {start / 2**20:.1f} MiB held at the step's start (dashed), peak {max(mib):.1f} MiB, "
-                     f"{mib[-1] - mib[0]:+.2f} MiB at its end", fontsize=9.5, loc="left")
+                     f"{mib[-1] - mib[0]:+.2f} MiB at its end", fontsize=8.5, loc="left")
     axes[0].legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("ms since the step began (rank 0)")
-    fig.suptitle("Live tensor memory over one training step, rank 0 of N = 2: GPT of 4 blocks, h = 128, "
-                 "4 x 64 tokens per rank, fp32 AdamW", fontsize=10)
+    fig.suptitle("Live tensor memory over one training step, rank 0 of N = 2:\nGPT of 4 blocks, h = 128, "
+                 "4 x 64 tokens per rank, fp32 AdamW", fontsize=9.5)
     fig.tight_layout(rect=(0, 0.03, 1, 0.97))
     save(fig, "memory", "torch.profiler allocation events over the step + MemTracker's count at its start")

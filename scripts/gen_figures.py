@@ -49,7 +49,7 @@ def commit() -> str:
 
 def save(fig, name: str, source: str) -> None:
     fig.text(0.01, 0.005, f"scripts/gen_figures.py {name} at commit {commit()}; {source}", fontsize=7, color="0.4")
-    fig.savefig(OUT / f"fig_{name}.png", dpi=110)
+    fig.savefig(OUT / f"fig_{name}.png", dpi=100)  # 820 px: the page's width, text at its size
     plt.close(fig)
     print(f"wrote docs/generated/fig_{name}.png")
 
@@ -61,7 +61,7 @@ def zero() -> None:
               ("P_os+g+p (ZeRO-3, full_shard)", "full_shard")]
     ranks, psi, world = 4, 7.5e9, 64
     widths = {"parameters": 2, "gradients": 2, "optimizer": 12}
-    fig, ax = plt.subplots(figsize=(10, 4.6))
+    fig, ax = plt.subplots(figsize=(8.2, 4.6))
     for row, (label, strategy) in enumerate(stages):
         y = len(stages) - 1 - row
         held = model_state_bytes(psi, strategy, ranks, 2, 2, 12)
@@ -74,19 +74,19 @@ def zero() -> None:
                 ax.add_patch(Rectangle((lo, y + 0.15), w / ranks if split else w, 0.6, color=COLORS[role]))
                 x += w
         gb = model_state_bytes(psi, strategy, world, 2, 2, 12)["total"] / 1e9
-        ax.text(-1, y + 0.45, label, ha="right", va="center", fontsize=10)
-        ax.text(ranks * 17.5 + 1, y + 0.45, f"{gb:.1f} GB per rank", va="center", fontsize=10)
+        ax.text(-1, y + 0.45, label.replace(" (", "\n("), ha="right", va="center", fontsize=9)
+        ax.text(ranks * 17.5 + 1, y + 0.45, f"{gb:.1f} GB\nper rank", va="center", fontsize=9)
     for r in range(ranks):
-        ax.text(r * 17.5 + 8, len(stages) + 0.05, f"rank {r}", ha="center", fontsize=9)
+        ax.text(r * 17.5 + 8, len(stages) + 0.05, f"rank {r}", ha="center", fontsize=8.5)
     handles = [Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, ["parameters (2 psi, bf16)", "gradients (2 psi, bf16)", "optimizer state (12 psi: fp32 "
+    ax.legend(handles, ["parameters (2 psi, bf16)", "gradients (2 psi, bf16)", "optimizer state (12 psi:\nfp32 "
                         "master + Adam's moments)"], loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3,
               fontsize=8, frameon=False)
-    ax.set_xlim(-28, ranks * 17.5 + 17)
+    ax.set_xlim(-22, ranks * 17.5 + 12)
     ax.set_ylim(-0.1, len(stages) + 0.4)
     ax.axis("off")
-    ax.set_title("What each rank keeps at each ZeRO stage (filled: held by this rank; 4 ranks drawn), and the "
-                 f"bytes per rank\nfor psi = 7.5B parameters at N = {world} (ZeRO's Figure 1)", fontsize=10)
+    ax.set_title("What each rank keeps at each ZeRO stage (filled: held by this rank; 4 ranks drawn),\n"
+                 f"and the bytes per rank for psi = 7.5B parameters at N = {world} (ZeRO's Figure 1)", fontsize=9.5)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     save(fig, "zero", "bytes: minidist.compare.estimate.model_state_bytes(7.5e9, strategy, 64, 2, 2, 12)")
 
@@ -131,33 +131,32 @@ def tp_block() -> None:
             inventory["all_gather"] -= 2  # the head's input and the embedding's gradient: outside the block
         if inventory != block_counts(sp):
             raise SystemExit(f"the drawn block ({block_counts(sp)}) is not minidist.tp.cost's ({inventory})")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 7.2))
+    fig, axes = plt.subplots(1, 2, figsize=(8.2, 8.4))
     for ax, sp in zip(axes, (False, True)):
         n = len(BLOCK)
         for i, (layer, tp_edge, sp_edge, tp_shape, sp_shape) in enumerate(BLOCK):
             y = n - i
             edge = sp_edge if sp else tp_edge
-            ax.add_patch(Rectangle((0.1, y - 0.3), 0.8, 0.5, facecolor="#EAEAF2", edgecolor="0.3"))
-            ax.text(0.5, y - 0.05, layer, ha="center", va="center", fontsize=9)
+            ax.add_patch(Rectangle((0.02, y - 0.3), 0.96, 0.5, facecolor="#EAEAF2", edgecolor="0.3"))
+            ax.text(0.5, y - 0.05, layer.replace(" (", "\n("), ha="center", va="center", fontsize=8)
             if edge is not None:
                 fwd, bwd = EDGE[edge]
-                label = f"{edge}: forward {fwd}, backward {bwd}" if edge in ("f", "g") else \
-                    f"forward {fwd}, backward {bwd}"
-                ax.annotate("", xy=(0.5, y + 0.2), xytext=(0.5, y + 0.7),
+                label = (f"{edge}: " if edge in ("f", "g") else "") + f"forward {fwd},\nbackward {bwd}"
+                ax.annotate("", xy=(0.25, y + 0.2), xytext=(0.25, y + 0.7),
                             arrowprops=dict(arrowstyle="->", color="#C44E52", lw=2))
-                ax.text(0.53, y + 0.45, label, fontsize=8.5, color="#C44E52", va="center")
-            ax.text(0.93, y - 0.05, sp_shape if sp else tp_shape, fontsize=8, color="0.35", va="center")
-        ax.set_xlim(0, 1.25)
+                ax.text(0.29, y + 0.45, label, fontsize=8, color="#C44E52", va="center")
+            ax.text(0.98, y - 0.42, sp_shape if sp else tp_shape, fontsize=7.5, color="0.35", ha="right", va="center")
+        ax.set_xlim(0, 1.0)
         ax.set_ylim(0.3, n + 1)
         ax.axis("off")
         counts = block_counts(sp)
-        ax.set_title(("sequence parallelism" if sp else "tensor parallelism") + ": per block and step "
+        ax.set_title(("sequence parallelism" if sp else "tensor parallelism") + ": per block and step\n"
                      + ", ".join(f"{k} x{v}" for k, v in counts.items()) + "\n" +
                      ("(TP's 8 b s h e (N-1)/N bytes per rank, plus h-sized all_reduces\nof the norms' and row "
                       "biases' gradients)" if sp else "(8 b s h e (N-1)/N bytes per rank)"), fontsize=9.5)
-    fig.suptitle("One transformer block split over N ranks: the layers top to bottom, the activations' shape on "
-                 "the right (e bytes each),\nand the collective at each red arrow (inside a TP region nothing "
-                 "moves)", fontsize=10)
+    fig.suptitle("One transformer block over N ranks: the layers top to bottom, each one's output shape\n"
+                 "(e bytes per element), and a collective at each red arrow (inside a TP region nothing moves)",
+                 fontsize=9.5)
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     save(fig, "tp_block", "counts checked against minidist.tp.cost.collectives")
 
