@@ -114,7 +114,7 @@ def formula(b: float, s: float, a: float, u: float, rho: float, t: float) -> flo
 
 
 def run(ctx: Context) -> None:
-    width, layers, repeats = (512, 8, 3) if ctx.small else (512, 24, 15)   # 1 MiB per layer: minidist's last bucket is one
+    width, layers, repeats = (512, 6, 2) if ctx.small else (512, 24, 15)   # 1 MiB per layer: minidist's last bucket is one
     n = ctx.world
     x = torch.randn(16, width, generator=torch.Generator().manual_seed(ctx.rank))
     s = layers * (width + 1) * width * 4                    # bytes of gradients

@@ -100,7 +100,7 @@ def forward_memory(model, x, y) -> dict[str, int]:
 
 def run(ctx: Context) -> None:
     cfg, n = config(ctx.small), ctx.world
-    b = 16 if ctx.small else 32
+    b = 8 if ctx.small else 32
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, cfg.vocab_size, (b, cfg.block_size + 1), generator=g)  # the same on every tp rank
     x, y = x[:, :-1], x[:, 1:]
