@@ -14,26 +14,25 @@ and when the link falls behind (u rho >= 1) the second term, a wait for the firs
 plus S / b latencies plus all the bytes, is least at b* = sqrt(S a rho). The lesson makes the
 link fall behind on purpose (the layers' backward sleeps, emulated accelerator compute, for
 about 0.6 S u in all), calibrates alpha and beta on this group (minidist.comm.calibrate),
-measures T, and runs DDP with buckets of b* / 16, b* and one bucket for everything. Exposed is
+measures T, and runs DDP with a bucket per tensor, buckets of b* and one bucket for everything. Exposed is
 measured as the fastest step less the fastest same step under no_sync (alternating steps; load
 only ever adds time).
 
-What the clock shows on 2 shared CPU cores: small buckets leave more exposed than b*, their
-S / b latencies adding up, as the formula says; but at b* far more is exposed than the formula's
-few ms, and one bucket, which starts when backward ends, leaves more than its a + S u (1.3-2.2x
-in the runs so far). The
-recurrence behind it assumes buckets travel one after another on a link of their own; here
-several buckets' all_reduces are in flight at once and gloo sums them on the same two cores the
-other rank and the hooks need, so each bucket costs much more than an isolated all_reduce's a
-(what alpha was calibrated on). On a GPU the reduction runs on the device and NCCL serializes a
-communicator's collectives, the recurrence's assumptions; the lesson prints both so the
-difference shows.
+What the clock shows on 2 shared CPU cores: a bucket per tensor leaves more exposed than b*,
+its S / b latencies adding up, as the formula says; but at b* far more is exposed than the
+formula's few ms, and one bucket, which starts when backward ends, leaves 0.9-2.3x its a + S u
+(in the runs so far). The recurrence behind the formula assumes buckets travel one after
+another on a link of their own; here several buckets' all_reduces are in flight at once and
+gloo sums them on the same two cores the other rank and the hooks need, so each bucket costs
+much more than an isolated all_reduce's a (what alpha was calibrated on). On a GPU the reduction
+runs on the device and NCCL runs a communicator's collectives in order, the recurrence's
+assumptions; the lesson prints both so the difference shows.
 
-What is checked, and how. The clock's part: b*/16's exposed time above b*'s (tolerated on a
-loaded machine in --small runs; the rest of the times are printed beside the formula's). The
-part no load can change is an order: with small buckets the first all_reduce is issued while most sleeping layers' backwards are
-still to run; with one bucket, only when none is (the comm.trace issue time against a log of
-the sleeps, on one clock).
+What is checked, and how. The clock's part: a bucket per tensor exposes more than b* (tolerated
+on a loaded machine in --small runs; the other times are printed beside the formula's). The
+part no load can change is an order: with a bucket per tensor the first all_reduce is issued
+while most sleeping layers' backwards are still to run; with one bucket, only when none is (the
+comm.trace issue time against a log of the sleeps, on one clock).
 """
 
 from __future__ import annotations
@@ -51,11 +50,11 @@ from recipes.lessons.common import Context, SleepLinear, compute_log, main_for, 
 
 TITLE = "DDP's bucket size against the formula b* = sqrt(S a rho): exposed communication either side of it"
 
-CLAIM = ("buckets of b*/16 leave {small:.1f} ms exposed against {at_best:.1f} ms at the formula's "
+CLAIM = ("a bucket per tensor leaves {small:.1f} ms exposed against {at_best:.1f} ms at the formula's "
          "b* = sqrt(S a rho) = {best:.2f} MiB: more, as the formula says, S / b latencies adding up (formula "
          "{f_small:.1f} and {f_best:.1f} ms); one bucket leaves {one:.1f} ms, {ratio:.2f}x the formula's a + S u; "
          "the first all_reduce is issued with {left_small} of {sleeps} "
-         "sleeping backwards still to run at b*/16, and with {left_one} left in one bucket")
+         "sleeping backwards still to run with a bucket per tensor, and with {left_one} left in one bucket")
 
 
 def build(width: int, layers: int, seconds: float, cap_mb: float):
@@ -114,7 +113,7 @@ def formula(b: float, s: float, a: float, u: float, rho: float, t: float) -> flo
 
 
 def run(ctx: Context) -> None:
-    width, layers, repeats = (512, 6, 2) if ctx.small else (512, 24, 15)   # 1 MiB per layer: minidist's last bucket is one
+    width, layers, repeats = (512, 6, 2) if ctx.small else (512, 24, 25)   # 1 MiB per layer: minidist's last bucket is one
     n = ctx.world
     x = torch.randn(16, width, generator=torch.Generator().manual_seed(ctx.rank))
     s = layers * (width + 1) * width * 4                    # bytes of gradients
@@ -126,14 +125,15 @@ def run(ctx: Context) -> None:
     _, t = exposed(*probe, x, 2)
     rho = s / t
     best = math.sqrt(s * a * rho)
-    caps = {"b*/16": best / 16, "b*": best, "one bucket": 4 * s}
+    caps = {"per tensor": 1024, "b*": best, "one bucket": 4 * s}   # 1 KiB: every weight and bias alone
     rows, measured, predicted, left = [], {}, {}, {}
     for name, cap in caps.items():
         model, opt = build(width, layers, seconds, cap / 2**20)
         for _ in range(2):                                  # buckets are rebuilt in ready order after the first
             step(model, opt, x)
         measured[name], _ = exposed(model, opt, x, repeats)
-        predicted[name] = formula(cap, s, a, u, rho, t)
+        b = s / len(model.reducer.buckets) if name == "per tensor" else cap   # the formula's even buckets
+        predicted[name] = formula(b, s, a, u, rho, t)
         left[name], sleeps = first_launch(model, opt, x)
         rows.append([name, cap / 2**20, len(model.reducer.buckets), left[name], predicted[name] * 1e3,
                      measured[name] * 1e3])
@@ -145,11 +145,11 @@ def run(ctx: Context) -> None:
     ctx.table(["buckets of", "MiB", "buckets", "layers left", "formula ms", "measured ms"], rows)
     ratio = measured["one bucket"] / predicted["one bucket"]
     ctx.claim(CLAIM.format(one=measured["one bucket"] * 1e3, ratio=ratio, f_one=predicted["one bucket"] * 1e3,
-                           small=measured["b*/16"] * 1e3, f_small=predicted["b*/16"] * 1e3, best=best / 2**20,
-                           at_best=measured["b*"] * 1e3, f_best=predicted["b*"] * 1e3, left_small=left["b*/16"],
+                           small=measured["per tensor"] * 1e3, f_small=predicted["per tensor"] * 1e3, best=best / 2**20,
+                           at_best=measured["b*"] * 1e3, f_best=predicted["b*"] * 1e3, left_small=left["per tensor"],
                            sleeps=sleeps, left_one=left["one bucket"]),
-              left["b*/16"] > sleeps // 2 and left["one bucket"] == 0,
-              timing_holds=measured["b*/16"] > measured["b*"])
+              left["per tensor"] > sleeps // 2 and left["one bucket"] == 0,
+              timing_holds=measured["per tensor"] > measured["b*"])
 
 
 if __name__ == "__main__":
