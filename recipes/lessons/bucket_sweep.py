@@ -20,7 +20,7 @@ only ever adds time).
 
 What the clock shows on 2 shared CPU cores: a bucket per tensor leaves more exposed than b*,
 its S / b latencies adding up, as the formula says; but at b* far more is exposed than the
-formula's few ms, and one bucket, which starts when backward ends, leaves 0.9-2.3x its a + S u
+formula's few ms, and one bucket, which starts when backward ends, leaves 0.8-2.3x its a + S u
 (in the runs so far). The recurrence behind the formula assumes buckets travel one after
 another on a link of their own; here several buckets' all_reduces are in flight at once and
 gloo sums them on the same two cores the other rank and the hooks need, so each bucket costs
