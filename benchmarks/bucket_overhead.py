@@ -16,8 +16,8 @@ buckets DDP really built (every gradient is under 1 MiB, so the CPU path reduces
 place with one coalesced all_reduce: one collective per bucket, no copies), with
 alpha and beta calibrated on this group (minidist.comm.calibrate), the backward's length T
 measured under no_sync, and gradients assumed to arrive at an even rate rho = S / T. Also
-printed: the closed form's best bucket b* = sqrt(S a rho) and the condition w rho < 1 under
-which the link keeps up (a = 2(N-1) alpha, w = 2(N-1)/N beta).
+printed: the closed form's best bucket b* = sqrt(S a rho) and the condition u rho < 1 under
+which the link keeps up (a = 2(N-1) alpha, u = 2(N-1)/N beta: docs/ddp.md's names).
 """
 
 from __future__ import annotations
@@ -62,19 +62,19 @@ def step(model, opt, x, sync: bool) -> tuple[float, float]:
     return time.perf_counter() - t0, t2 - t1
 
 
-def predicted_exposed(sizes: list[int], total: int, T: float, a: float, w: float) -> float:
+def predicted_exposed(sizes: list[int], total: int, T: float, a: float, u: float) -> float:
     """e_L - T from the recurrence, buckets of `sizes` bytes in launch order, gradients arriving evenly over T."""
     end, produced = 0.0, 0
     for s in sizes:
         produced += s
         ready = T * produced / total
-        end = max(ready, end) + a + s * w
+        end = max(ready, end) + a + s * u
     return end - T
 
 
 def run(seconds: float, x, model_cost, repeats: int) -> None:
     n = dist.get_world_size()
-    a, w = 2 * (n - 1) * model_cost.alpha, 2 * (n - 1) / n * model_cost.beta
+    a, u = 2 * (n - 1) * model_cost.alpha, 2 * (n - 1) / n * model_cost.beta
     rows = []
     for cap in CAPS_MB:
         model, opt = build(cap, seconds)
@@ -96,13 +96,13 @@ def run(seconds: float, x, model_cost, repeats: int) -> None:
     T = statistics.median(r[3] for r in rows)
     rho = total / T
     if dist.get_rank() == 0:
-        regime = "the link keeps up" if w * rho < 1 else "the link falls behind"
+        regime = "the link keeps up" if u * rho < 1 else "the link falls behind"
         print(f"\nbackward sleeps {2e3 * seconds:.1f} ms per layer: T = {T * 1e3:.1f} ms, S = {total / 2**20:.1f} MiB, "
-              f"rho = S/T = {rho / 1e9:.3f} GB/s, w rho = {w * rho:.2f} ({regime}); b* = sqrt(S a rho) = "
+              f"rho = S/T = {rho / 1e9:.3f} GB/s, u rho = {u * rho:.2f} ({regime}); b* = sqrt(S a rho) = "
               f"{math.sqrt(total * a * rho) / 2**20:.2f} MiB")
         print(f"{'cap MB':>7}{'buckets':>9}{'largest MiB':>13}{'predicted ms':>14}{'measured ms':>13}")
         for cap, sizes, meas, t in rows:
-            pred = predicted_exposed(sizes, total, t, a, w)
+            pred = predicted_exposed(sizes, total, t, a, u)
             print(f"{cap:>7g}{len(sizes):>9}{max(sizes) / 2**20:>13.2f}{pred * 1e3:>14.1f}{meas * 1e3:>13.1f}")
 
 
@@ -118,7 +118,7 @@ def main() -> None:
             if topo.rank == 0:
                 print(f"N = {topo.world_size}, {LAYERS} x Linear({WIDTH}, {WIDTH}); calibrated alpha "
                       f"{cost.alpha * 1e6:.1f} us, beta {cost.beta * 1e9:.3f} ns/B; a = 2(N-1) alpha, "
-                      f"w = 2(N-1)/N beta; exposed = step - the same step under no_sync (medians of "
+                      f"u = 2(N-1)/N beta; exposed = step - the same step under no_sync (medians of "
                       f"{args.repeats}, alternating)")
             x = torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(topo.rank))
             for ms in args.sleep_ms:

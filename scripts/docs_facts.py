@@ -32,6 +32,7 @@ from typing import Callable
 
 import ladder
 from lesson_facts import LESSON_MEASURED, lesson, lesson_claims, lessons  # noqa: F401 - lesson_claims: tests
+from tutorial_facts import tutorial
 from snippet_check import (GENERATED, ROOT, STAMP, Fact, Snippet, _norm, cell, check, from_json,  # noqa: F401
                            read_cell, text, to_json)
 
@@ -293,6 +294,7 @@ def registry() -> dict[str, Snippet]:
                                      scale_numbers("nccl"))
     snippets["scale_activations"] = Snippet("scale_numbers", "every number (the formulas, minidist.memory)", "",
                                             scale_numbers("activations"))
+    snippets.update(tutorial())
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job not in ("code", "strategies") and not any(s.job == job for s in snippets.values()):

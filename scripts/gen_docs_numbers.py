@@ -58,6 +58,8 @@ JOBS: dict[str, tuple[str, int]] = {
     "tutorial_ddp": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part ddp", 300),
     "tutorial_zero": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part zero", 300),
     "tutorial_fsdp": (f"{TORCHRUN.format(n=2)} -m minidist.tutorial.measure --part fsdp", 300),
+    "tutorial_check": ("python -m minidist.tutorial.check ddp_bucketed minidist/tutorial/exercises/ddp_bucketed.py; "
+                       "python -m minidist.tutorial.check ddp_bucketed minidist/tutorial/ddp_bucketed.py", 600),
     "lesson_zero1_vs_ddp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.zero1_vs_ddp", 600),
     "bench_zero_overlap": (f"{TORCHRUN.format(n=2)} benchmarks/zero_overlap.py", 600),
     "lesson_fsdp_x_tp_n4": (f"{TORCHRUN.format(n=4)} -m recipes.lessons.fsdp_x_tp", 600),
@@ -197,6 +199,9 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
         parts = dict(re.findall(r"^== (.*?)\n(.*?)(?=^== |\Z)", output, flags=re.M | re.S))
         return {"scale_nccl": snippet(command, parts["NCCL's algorithms and protocols"]),
                 "scale_activations": snippet(command, parts["activation memory per rank"])}
+    if job == "tutorial_check":  # two runs of the checker: the stub (exit 1), then the solution (exit 0)
+        runs = re.split(r"^(?=ddp_bucketed: )", output.strip("\n"), flags=re.M)[1:]
+        return {job: "\n".join(snippet(c, o) for c, o in zip(command.split("; "), runs))}
     if job == "traced_step":  # one section per engine; the pictures are written beside (step_<engine>.png)
         from recipes.traced_step import ENGINES
         parts = dict(re.findall(r"^== (\w+): (.*?)(?=^== |\Z)", output, flags=re.M | re.S))

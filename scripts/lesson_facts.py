@@ -1,8 +1,8 @@
 """The lessons' snippets (docs/generated/lesson_*.md): what in each the code decides, recomputed cheaply.
 
 Every lesson's claim wording comes from the lesson's own template (recipes/lessons/common.claim_pattern);
-four lessons also have table cells the code decides without the clock (bucket layouts, traced bytes,
-no_sync's reductions, TP's and DDP's formulas). scripts/docs_facts.py registers them with the others.
+four lessons also have table cells the code decides without the clock (traced bytes, no_sync's
+reductions, TP's and DDP's formulas, SP's formulas with the vocabulary whole and split). scripts/docs_facts.py registers them with the others.
 """
 
 from __future__ import annotations
@@ -40,25 +40,6 @@ def _lesson_context():
                             dist.group.WORLD), small=False)
 
 
-def bucket_sweep_cells() -> list[Fact]:
-    """The bucket layout at each cap after the rebuild (no timing)."""
-    import torch
-
-    from recipes.lessons import bucket_sweep as les
-    width, layers, seconds, caps = les.sizes(small=False)
-    x = torch.randn(16, width)
-    facts = []
-    for cap in caps:
-        model, opt = les.build(width, layers, 0.0, cap)
-        les.step(model, opt, x)
-        mib = les.bucket_mib(model)
-        key = "default (None)" if cap is None else f"{cap:.3g}"
-        facts += [cell(f"buckets at cap {key}", key, "buckets", len(mib)),
-                  cell(f"first bucket at cap {key}", key, "first MiB", f"{mib[0]:.3g}"),
-                  cell(f"largest bucket at cap {key}", key, "largest MiB", f"{max(mib):.3g}")]
-    return facts
-
-
 def fsdp_vs_ddp_bytes_cells() -> list[Fact]:
     """Traced bytes per phase and call type of every engine, in units of S (N-1)/N."""
     from recipes.lessons import fsdp_vs_ddp_bytes as les
@@ -88,8 +69,19 @@ def tp_vs_ddp_bytes_cells() -> list[Fact]:
         cell(f"DDP's formula at b = {b}", str(b), "DDP formula", f"{ddp / 2**10:.3g}"))]
 
 
+def sequence_parallel_cells() -> list[Fact]:
+    """minidist.tp.cost's bytes for each plan (the lessons job runs at N = 2, full size: b = 32)."""
+    from minidist.tp import cost
+    from recipes.lessons import sequence_parallel as les
+    cfg = les.config(small=False)
+    return [cell(f"{name}: formula", name, "formula KiB",
+                 f"{cost.step_bytes(cfg, 32, cfg.block_size, 2, sequence_parallel=sp, vocab_parallel=v) / 2**10:.3g}")
+            for name, (sp, v) in les.PLANS.items()]
+
+
 _LESSON_CLOCK = {
-    "bucket_sweep": "the ms columns (first launch, best step)",
+    "bucket_sweep": "alpha, beta, T and everything computed from them (b*, the caps, the buckets, the formula and "
+                    "measured ms, the claim's ms)",
     "rs_ag_is_all_reduce": "",
     "fsdp_vs_ddp_bytes": "",
     "fsdp_memory": "",
@@ -101,25 +93,26 @@ _LESSON_CLOCK = {
     "sequence_parallel": "",
     "fsdp_x_tp": "",
 }
-_LESSON_CELLS = {"bucket_sweep": bucket_sweep_cells, "fsdp_vs_ddp_bytes": fsdp_vs_ddp_bytes_cells,
-                 "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells}
+_LESSON_CELLS = {"fsdp_vs_ddp_bytes": fsdp_vs_ddp_bytes_cells,
+                 "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells,
+                 "sequence_parallel": sequence_parallel_cells}
 _LESSON_STRUCTURE = {
-    "bucket_sweep": "the claim's wording; the bucket layout at each cap",
     "fsdp_vs_ddp_bytes": "the claim's wording; the traced bytes of every engine, phase and call type",
     "no_sync": "the claim's wording; how many micro-batches each engine reduces under each form",
     "tp_vs_ddp_bytes": "the claim's wording; TP's and DDP's bytes by formula at every batch size",
+    "sequence_parallel": "the claim's wording; each plan's bytes by formula",
 }
 LESSON_MEASURED = {
     "bucket_sweep": "layers left",
     "rs_ag_is_all_reduce": "the kernel's byte counts",
     "fsdp_vs_ddp_bytes": "the kernel's byte counts",
-    "fsdp_memory": "the peaks (torch's MemTracker)",
-    "prefetch": "gathers ahead, the unsharded units and the peak (MemTracker)",
+    "fsdp_memory": "what each engine keeps between steps and the peaks (torch's MemTracker)",
+    "prefetch": "gathers ahead and the units gathered at once (torch's profiler) and the peak (MemTracker)",
     "no_sync": "the kernel's byte counts and the errors",
-    "zero1_vs_ddp": "the optimizer state",
+    "zero1_vs_ddp": "the optimizer state on the largest rank",
     "gloo_reduce_scatter": "the kernel's byte counts",
     "tp_vs_ddp_bytes": "the kernel's byte counts and the crossing",
-    "sequence_parallel": "the kernel's byte counts and the norms' and dropouts' activations (MemTracker)",
+    "sequence_parallel": "the kernel's byte counts, and the norms' and dropouts' activations (MemTracker)",
     "fsdp_x_tp": "the kernel's byte counts, the formulas (FSDP's padded units), parameters and peaks (MemTracker)",
 }
 """Decided by the code but measured at full size only when the snippet is generated (checked, at small
@@ -135,5 +128,5 @@ def lessons() -> dict[str, Snippet]:
             "lessons", _LESSON_STRUCTURE.get(n, "the claim's wording"),
             f"{clock + '; ' if clock else ''}measured at this size only when generated: "
             f"{LESSON_MEASURED.get(n, 'the rest')}",
-            lesson(n, _LESSON_CELLS.get(n)), world=2 if n in ("bucket_sweep", "fsdp_vs_ddp_bytes") else 0)
+            lesson(n, _LESSON_CELLS.get(n)), world=2 if n == "fsdp_vs_ddp_bytes" else 0)
     return out

@@ -29,8 +29,10 @@ from minidist.tutorial.ddp_overlap import OverlapDDP
 from minidist.tutorial.fsdp import FSDP
 from minidist.tutorial.model import make_model
 from minidist.tutorial.sharded_optimizer import ShardedOptimizer
+from minidist.tutorial.zero1 import ShardedOptimizer as PaperZeRO1
 
 MB = 1e6
+OPS = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
 
 
 class Plain(nn.Module):
@@ -129,20 +131,27 @@ def ddp_steps(sz: Sizes, x: torch.Tensor) -> dict[str, dict]:
 
 
 def zero_step(sz: Sizes, x: torch.Tensor) -> dict[str, dict]:
-    """One optimizer step of AdamW and of ShardedOptimizer(AdamW): state bytes here, bytes sent."""
+    """What each optimizer keeps and sends: AdamW after FlatDDP, the paper's ZeRO-1 (it reduces the
+    gradients itself), the owner-broadcast variant after FlatDDP. Bytes from the end of backward
+    through the optimizer step (the gradients' synchronisation included)."""
     out = {}
-    for name, make_opt in (("torch.optim.AdamW", lambda ps: torch.optim.AdamW(ps, lr=1e-3)),
-                           ("ShardedOptimizer(AdamW)", lambda ps: ShardedOptimizer(ps, torch.optim.AdamW, lr=1e-3))):
-        model = FlatDDP(make_model(sz.width, sz.depth))
+    for name, wrap, make_opt in (
+            ("AdamW after DDP", FlatDDP, lambda ps: torch.optim.AdamW(ps, lr=1e-3)),
+            ("ZeRO-1, the paper", Plain, lambda ps: PaperZeRO1(ps, torch.optim.AdamW, lr=1e-3)),
+            ("owner-broadcast after DDP", FlatDDP, lambda ps: ShardedOptimizer(ps, torch.optim.AdamW, lr=1e-3))):
+        model = wrap(make_model(sz.width, sz.depth))
         opt = make_opt(model.parameters())
+
+        def sync_and_step():
+            model.finish_gradient_synchronization()
+            opt.step()
         for _ in range(2):  # the first step creates the state
             model(x).square().mean().backward()
-            model.finish_gradient_synchronization()
-            totals, kernel = counted(opt.step)
+            totals, kernel = counted(sync_and_step)
             opt.zero_grad()
-        state = (opt.local if isinstance(opt, ShardedOptimizer) else opt).state
+        state = (opt.local if isinstance(opt, (ShardedOptimizer, PaperZeRO1)) else opt).state
         nbytes = sum(v.numel() * v.element_size() for s in state.values() for v in s.values() if v.dim())
-        out[name] = {"state": nbytes, "calls": sum(t["calls"] for t in totals.values()),
+        out[name] = {"state": nbytes, "calls": " ".join(f"{OPS[op]}{t['calls']}" for op, t in totals.items()),
                      "traced": sum(t["sent_bytes"] for t in totals.values()), "kernel": kernel}
     return out
 
@@ -158,10 +167,6 @@ def fsdp_step(sz: Sizes, x: torch.Tensor) -> dict[str, dict]:
                      "all_gather": totals["all_gather"]["sent_bytes"],
                      "reduce_scatter": totals["reduce_scatter"]["sent_bytes"], "kernel": kernel}
     return out
-
-
-def row(cells: list, widths: list[int]) -> str:
-    return "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths)))
 
 
 def report(sz: Sizes, parts: tuple[str, ...] = ("ddp", "zero", "fsdp")) -> None:
@@ -193,9 +198,10 @@ def ddp_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
 
 
 def zero_table(sz: Sizes, x: torch.Tensor, s: int, say: Callable) -> None:
-    say(f"\nZeRO-1, one optimizer step (AdamW's state: 8 bytes per parameter,\n"
-        f"{2 * s / MB:.3f} MB in all)")
-    w = [24, 10, 6, 10, 10]
+    n = dist.get_world_size()
+    say(f"\nZeRO-1, the synchronisation and one optimizer step (AdamW's state: 8 bytes per parameter,\n"
+        f"{2 * s / MB:.3f} MB in all; DDP sends 2 S (N-1)/N = {2 * s * (n - 1) / n / MB:.3f} MB)")
+    w = [26, 10, 10, 10, 10]
     say(row(["optimizer", "state MB", "calls", "traced MB", "kernel MB"], w))
     for name, r in zero_step(sz, x).items():
         say(row([name, f"{r['state'] / MB:.3f}", r["calls"], f"{r['traced'] / MB:.3f}", f"{r['kernel'] / MB:.3f}"], w))

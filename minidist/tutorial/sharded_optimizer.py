@@ -1,11 +1,14 @@
-"""ZeRO stage 1 in CS336's shape: ShardedOptimizer(params, optimizer_cls, **kwargs).
+"""ZeRO stage 1, the owner-broadcast variant, in CS336's shape: ShardedOptimizer(params, optimizer_cls, **kwargs).
 
 Adam keeps two fp32 tensors per parameter (exp_avg, exp_avg_sq): 8 bytes per
-parameter, twice the model. Here each parameter has one owner rank, and only the
-owner keeps its optimizer state and updates it; after the step each owner broadcasts
-its updated parameters to the others. Per rank: optimizer state 8P/N instead of 8P
-(fp32 AdamW); per step, on top of DDP's gradient all_reduce, the updated parameters
-travel once from their owners: each rank receives the (N-1)/N of them it does not own.
+parameter, twice the model. Here each parameter, whole, has one owner rank (the least
+loaded so far), and only the owner keeps its optimizer state and updates it; after the
+step each owner broadcasts its updated parameters to the others. Per rank: optimizer
+state of at most 8 (P/N + the largest parameter) bytes instead of 8P (fp32 AdamW; the
+greedy assignment keeps every rank within one parameter of the average P/N); per step,
+on top of DDP's gradient all_reduce, the updated parameters travel once from their
+owners: each rank receives the (N-1)/N of them it does not own, 1.5x DDP's bytes in all.
+The paper's cut (zero1.py: equal partitions, reduce_scatter + all_gather) sends DDP's.
 
 It subclasses torch.optim.Optimizer so that anything that reads param_groups (an lr
 scheduler, zero_grad, add_param_group) works: the outer groups hold every parameter,

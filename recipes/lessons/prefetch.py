@@ -3,40 +3,44 @@
     torchrun --standalone --nproc_per_node=2 -m recipes.lessons.prefetch
 
 Without prefetch, each unit's all_gather is issued when the unit is about to run
-and the compute waits for it: every gather is exposed (explicit prefetch lists left
+and the compute waits for it: every gather is exposed (FSDP2's explicit prefetch lists, all
 empty: minidist.fsdp.prefetch_ahead(units, 0, 0)). By default, as FSDP2, each unit
-issues the all_gather of the unit that runs next (next in forward order; the reverse
-in backward) as soon as its own parameters are installed, so the gather hides behind
-the current unit's compute, if that compute lasts at least as long as the gather. The
-price is memory: one more unit's buffer alive while a unit computes (each unit listed
-in FSDPUnit.set_modules_to_forward_prefetch is one more). It need not raise the peak: without prefetch, each gather's copy-out holds
+issues the all_gather of the unit that runs next (next in forward order; the reverse in
+backward) as soon as it starts, so the gather hides behind the current unit's compute, if
+that compute lasts at least as long as the gather. The price is memory: one more unit's
+buffer alive while a unit computes (the prefetch lists bound how many). It need not raise the peak: without prefetch, each gather's copy-out holds
 the all_gather output and the unsharded parameters, two units' worth, for a moment.
 
 The layers' forward and backward sleep (emulated accelerator compute): on two
 CPU cores, real matmuls would compete with gloo's threads for the cores.
 
 What is checked, and how. That prefetch issues each gather in time to hide is an
-order: the all_gather of unit k+1 is issued before unit k starts computing (the
-comm.trace issue times against a log of the sleeps, on one clock), which no load
-can change; so is the extra unit at the peak (peak_unsharded_units, and the peak
-bytes by torch's MemTracker). That the forward is then faster is the clock's part.
+order, read from torch's profiler, not from the engine: the c10d all_gather events against
+the start of each unit's emulated compute (the _Sleep autograd function's events), on the
+profiler's one clock, which no load can change. The same events count the units gathered
+at once: when unit k starts computing, units 0..k-1 have freed theirs, so the gathers issued
+so far less k are the units holding full parameters (1 without prefetch, 2 with). The peak
+bytes are torch's MemTracker's. That the forward is then faster is the clock's part.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 import torch.distributed as dist
 
-from minidist import FSDP, comm
+from torch.profiler import ProfilerActivity, profile
+
+from minidist import FSDP
 from minidist.fsdp import prefetch_ahead
-from recipes.lessons.common import Context, SleepLinear, compute_log, main_for, max_over_ranks, peak_bytes
+from recipes.lessons.common import Context, SleepLinear, main_for, max_over_ranks, peak_bytes
 
 TITLE = "FSDP prefetch on/off: step time and peak memory (emulated compute)"
 
 CLAIM = ("prefetch issues {ahead_on} of the {hideable} forward all_gathers that can hide before the unit ahead of "
-         "them starts computing (without: {ahead_off}), for {more_units} more unit gathered at once "
+         "them starts computing (without: {ahead_off}; torch's profiler), for {more_units} more unit gathered at once "
          "(peaks {extra:+.1f} MiB per rank apart, at most the extra unit's two buffers, its all_gather output and "
          "its parameters, 2 x {unit:.1f} MiB; when a landed gather is freed moves the peak), "
          "and makes the forward {fwd:.2f}x faster (> 1.05; backward {bwd:.2f}x)")
@@ -62,17 +66,21 @@ def step(model, opt, x) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
-def gathers_ahead(model, opt, x) -> tuple[int, int]:
-    """Forward all_gathers issued before the unit ahead of them started computing, of those that can be:
-    every one but the first unit's (the order of events, not their duration)."""
-    with comm.trace() as t, compute_log() as log:
+def forward_events(model, opt, x) -> tuple[int, int, int]:
+    """From torch's profiler, one forward: (all_gathers issued before the unit ahead of them started computing,
+    of how many can be: every one but the first unit's; the most units holding full parameters at once)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # Kineto's own log lines, on a CUDA build without a GPU
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         loss = model(x).sum()
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    issued = sorted(r.issued_s for r in t.records if r.op == "all_gather")   # unit k's gather is the k-th
-    ahead = sum(issued[k] < log.forward[k - 1] for k in range(1, len(issued)))
-    return int(-max_over_ranks(-ahead)), len(issued) - 1
+    events = sorted((e.time_range.start, e.name) for e in prof.events())
+    issued = [t for t, name in events if name.startswith("c10d::_allgather") or name.startswith("c10d::allgather")]
+    computing = [t for t, name in events if name == "_Sleep"]                  # unit k's compute is the k-th
+    ahead = sum(issued[k] < computing[k - 1] for k in range(1, len(issued)))
+    at_once = max(sum(t < start for t in issued) - k for k, start in enumerate(computing))
+    return int(-max_over_ranks(-ahead)), len(issued) - 1, int(max_over_ranks(at_once))
 
 
 def best_times(engines: dict, x, repeats: int) -> dict:
@@ -97,14 +105,14 @@ def run(ctx: Context) -> None:
     rows, ahead = [], {}
     for p, (model, opt) in engines.items():
         peak = max_over_ranks(peak_bytes(lambda: step(model, opt, x), model, opt)) / 2**20
-        ahead[p], hideable = gathers_ahead(model, opt, x)
-        rows.append(["on" if p else "off", ahead[p], times[p][0] * 1e3, times[p][1] * 1e3,
-                     model.peak_unsharded_units, peak])
+        ahead[p], hideable, at_once = forward_events(model, opt, x)
+        rows.append(["on" if p else "off", ahead[p], times[p][0] * 1e3, times[p][1] * 1e3, at_once, peak])
     ctx.say(f"{layers} units of Linear({width}, {width}) ({unit_mib:.1f} MiB each), full_shard, N = {ctx.world}; "
             f"each sleeps {seconds * 1e3:.0f} ms in forward ({seconds * layers * 1e3:.0f} ms in all) and "
             f"{2 * seconds * 1e3:.0f} ms in backward; best of interleaved steps; gathers ahead: forward all_gathers "
-            f"issued before the unit ahead of them started computing (of {hideable})")
-    ctx.table(["prefetch", "gathers ahead", "forward ms", "backward+step ms", "unsharded units at peak",
+            f"issued before the unit ahead of them started computing (of {hideable}); units gathered at once: all_gathers "
+            f"issued before a unit's compute, less the units done (both from torch's profiler)")
+    ctx.table(["prefetch", "gathers ahead", "forward ms", "backward+step ms", "units gathered at once",
                "peak MiB/rank"], rows)
     fwd = times[False][0] / times[True][0]
     bwd = times[False][1] / times[True][1]

@@ -14,8 +14,11 @@ over all N ranks:
 (plus a fixed cost per collective, gloo's headers: the slope in b is what the claim checks).
 So TP sends less for small batches and more for large ones, and the two cross where
 8 L b s h = 2 psi: at b* = psi / (4 L h s) sequences. For a transformer psi ~ 12 L h^2, so
-b* s ~ 3 h tokens: TP pays off per rank only while a rank's tokens stay below a few times
-the width, which is why it lives inside a node (fast links) and data parallelism across.
+b* s ~ 3 h tokens. The crossing is a fact about bytes, not TP's pay-off: TP is chosen for
+memory (1/N of every weight, its gradient and state, and of the activations inside its
+regions), and its collectives block every layer whatever the batch (the next layer needs
+their result), where DDP's all_reduce hides behind backward: which is why TP lives inside a
+node (fast links) and data parallelism across.
 
 Bytes are what the kernel counted each process writing (minidist.comm.kernel_io: gloo's
 sockets), mean over ranks, beside the formulas; e = 4 (fp32).

@@ -49,3 +49,37 @@ def test_sequence_parallel_divides_norm_and_dropout_memory(run_dist, world):
             assert sp[what] * world == plain[what], (rank, what, m)  # SP: 1/tp of the sequence
         assert sp["net"] < tp["net"] < plain["net"], (rank, m)
     print(f"tp={world}: forward bytes {m}")
+
+
+def body_saved_inputs() -> dict[str, list[int]]:
+    """Tokens in the activations the column-parallel layers (qkv, fc) save for backward, under TP and under SP."""
+    import torch
+    from minidist.tp import ColumnParallelLinear
+    out = {}
+    for name, plan in (("tp", {}), ("sp", dict(sequence_parallel=True))):
+        _, model, cfg = models()
+        model = parallel(model, **plan)
+        (idx, y), = batches(1, batch=4, seq=16)
+        saved, inside = [], []
+        columns = [m for m in model.modules() if isinstance(m, ColumnParallelLinear)]
+        hooks = [h for m in columns for h in (m.register_forward_pre_hook(lambda m, a: inside.append(m) and None),
+                                              m.register_forward_hook(lambda m, a, o: inside.pop() and None))]
+
+        def pack(t):
+            if inside and t is not inside[-1].weight and t.shape[-1] == cfg["n_embd"]:  # the input, not the weight
+                saved.append(t.numel() // cfg["n_embd"])   # tokens
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(idx, y)
+        for h in hooks:
+            h.remove()
+        out[name] = saved
+    return out
+
+
+def test_sequence_parallel_keeps_the_gathered_input_of_each_column_parallel_layer(run_dist):
+    """docs/tp.md: minidist's SP keeps the qkv's and fc's input whole (s b h each, 2 per layer), where Megatron
+    keeps the chunk: what a column-parallel layer saves under SP is the all_gathered, whole sequence."""
+    for shapes in run_dist(2, body_saved_inputs):
+        assert shapes["sp"] == shapes["tp"] and len(shapes["sp"]) == 2 * 2, shapes  # 2 layers x (qkv, fc)
+        assert all(tokens == 4 * 16 for tokens in shapes["sp"]), shapes  # the whole sequence, not 16 / N of it

@@ -23,9 +23,11 @@ def test_measurements_agree_with_the_kernel_and_the_formulas(run_dist):
             assert ddp[name]["traced"] == s, (name, ddp[name])
             assert s <= ddp[name]["kernel"] <= 1.1 * s, (name, ddp[name])  # + gloo's headers
         assert ddp["no communication"]["kernel"] < 0.01 * s
-        plain, sharded = zero["torch.optim.AdamW"], zero["ShardedOptimizer(AdamW)"]
-        assert plain["state"] == 2 * s and abs(sharded["state"] - s) <= 0.3 * s, (plain, sharded)
-        assert 0.45 * s <= sharded["kernel"] <= 0.6 * s, sharded  # N = 2: each rank sends what it owns
+        plain, paper, owner = zero["AdamW after DDP"], zero["ZeRO-1, the paper"], zero["owner-broadcast after DDP"]
+        assert plain["state"] == 2 * s and paper["state"] == s and abs(owner["state"] - s) <= 0.3 * s, zero
+        assert (plain["calls"], paper["calls"], owner["calls"]) == ("AR1", "RS1 AG1", f"AR1 BC{2 * sz.depth}"), zero
+        assert plain["traced"] == paper["traced"] == s and owner["traced"] == 1.5 * s, zero  # S (N-1)/N per broadcast
+        assert s <= paper["kernel"] <= 1.05 * s and 1.5 * s <= owner["kernel"] <= 1.6 * s, zero  # the kernel agrees
         fp32, bf16 = fsdp["fp32"], fsdp["bf16 compute"]
         assert fp32["held"] == s / 2 and fp32["all_gather"] == s and fp32["reduce_scatter"] == s / 2, fp32
         assert bf16["all_gather"] == s / 2 and bf16["reduce_scatter"] == s / 2, bf16  # gathered in bf16
