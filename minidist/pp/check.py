@@ -137,44 +137,71 @@ def _say(posted: list, k: int) -> str:
 
 def simulate(schedule: Schedule, costs: dict[Kind, float] | None = None) -> Spans:
     """When each compute action runs if compute takes `costs` (default COSTS) and messages take no time,
-    executed as the runtime does (module docstring, step 4). ScheduleError if some rank waits forever."""
+    executed as the runtime does (module docstring, step 4). ScheduleError if some rank waits forever.
+
+    A send completes once its receive is posted (gloo's sends wait for the receiver). The runtime
+    posts a batch, then waits for the previous batch's sends (their tensors are freed there, not
+    at the end of the step) and this batch's receives; at the end, for the last sends. So does
+    this simulation.
+    """
     s, costs = schedule, costs or COSTS
-    posted: dict[tuple, float] = {}
-    pc, clock = [0] * s.pp, [0.0] * s.pp
+    sent: dict[tuple, float] = {}
+    received: dict[tuple, float] = {}
+    unsent: list[list[tuple]] = [[] for _ in range(s.pp)]
+    """Per rank, the sends it has not waited for yet (the previous batch's, and the current one's)."""
+    pc, clock, posted = [0] * s.pp, [0.0] * s.pp, [0] * s.pp
     spans: Spans = [[] for _ in range(s.pp)]
-    while any(pc[r] < len(s.actions[r]) for r in range(s.pp)):
+
+    def done(r: int) -> bool:
+        return pc[r] >= len(s.actions[r]) and not unsent[r]
+
+    while not all(done(r) for r in range(s.pp)):
         progressed = False
         for r in range(s.pp):
-            while pc[r] < len(s.actions[r]):
+            while not done(r):
                 acts = s.actions[r]
-                if not acts[pc[r]].kind.is_comm:
+                if pc[r] < len(acts) and not acts[pc[r]].kind.is_comm:
                     a = acts[pc[r]]
                     spans[r].append((a, clock[r], clock[r] + costs[a.kind]))
                     clock[r] += costs[a.kind]
                     pc[r], progressed = pc[r] + 1, True
                     continue
-                end = pc[r]
-                while end < len(acts) and acts[end].kind.is_comm:
-                    end += 1
-                batch = acts[pc[r]:end]
-                for a in batch:
-                    if a.kind in (Kind.SEND_F, Kind.SEND_B):
-                        posted.setdefault(message(s, a), clock[r])
+                batch = _batch(acts, pc[r]) if pc[r] < len(acts) else ()
+                if not posted[r]:
+                    for a in batch:
+                        m = message(s, a)
+                        (sent if a.kind in (Kind.SEND_F, Kind.SEND_B) else received).setdefault(m, clock[r])
+                    posted[r] = len(unsent[r]) + 1  # the sends before this mark are the previous batch's
+                    unsent[r] += [message(s, a) for a in batch if a.kind in (Kind.SEND_F, Kind.SEND_B)]
+                earlier = unsent[r][:posted[r] - 1] if batch else unsent[r]
                 waits = [message(s, a) for a in batch if a.kind in (Kind.RECV_F, Kind.RECV_B)]
-                if not all(m in posted for m in waits):
+                if not all(m in received for m in earlier) or not all(m in sent for m in waits):
                     break
-                clock[r] = max([clock[r]] + [posted[m] for m in waits])
-                pc[r], progressed = end, True
+                clock[r] = max([clock[r]] + [received[m] for m in earlier] + [sent[m] for m in waits])
+                unsent[r] = unsent[r][len(earlier):]
+                pc[r], posted[r], progressed = pc[r] + len(batch), 0, True
         if not progressed:
-            _fail(s, "deadlock: " + "; ".join(_blocked(s, r, pc[r], posted) for r in range(s.pp)
-                                              if pc[r] < len(s.actions[r])))
+            _fail(s, "deadlock: " + "; ".join(_blocked(s, r, pc[r], unsent[r], sent, received)
+                                              for r in range(s.pp) if not done(r)))
     return spans
 
 
-def _blocked(s: Schedule, r: int, at: int, posted: dict) -> str:
-    waiting = next(a for a in s.actions[r][at:] if a.kind in (Kind.RECV_F, Kind.RECV_B)
-                   and message(s, a) not in posted)
-    return f"rank {r} waits at {waiting} for rank {message(s, waiting)[0]}"
+def _batch(acts: tuple[Action, ...], at: int) -> tuple[Action, ...]:
+    """The run of SEND/RECV actions starting at `at`."""
+    end = at
+    while end < len(acts) and acts[end].kind.is_comm:
+        end += 1
+    return acts[at:end]
+
+
+def _blocked(s: Schedule, r: int, at: int, unsent: list, sent: dict, received: dict) -> str:
+    acts = s.actions[r]
+    waiting = [a for a in (_batch(acts, at) if at < len(acts) else ()) if a.kind in (Kind.RECV_F, Kind.RECV_B)
+               and message(s, a) not in sent]
+    if waiting:
+        return f"rank {r} waits at {waiting[0]} for rank {message(s, waiting[0])[0]}"
+    m = next(m for m in unsent if m not in received)
+    return f"rank {r} waits for rank {m[1]} to receive its {m[2][0]} of micro-batch {m[2][2]}"
 
 
 def _memory(s: Schedule) -> None:

@@ -12,10 +12,11 @@ One step, on each rank, in the order of its list (minidist.pp.schedule):
              stage also computes loss_fn(output, target_i) / m (minidist.pp.microbatch)
   B(s, i)    backward from that output, fed the gradient received (the last stage: the loss)
   BI, BW     the same backward in two halves (minidist.pp.backward)
-  a run of SEND/RECV   one batch_isend_irecv (minidist.comm.p2p): the sends are posted and not
-             waited for (until the end of the step), the receives are waited for before the next
-             compute. That is the blocking order minidist.pp.check simulated, so a schedule that
-             passed the check cannot hang here.
+  a run of SEND/RECV   one batch_isend_irecv (minidist.comm.p2p), then a wait for the previous
+             batch's sends (a gloo send completes when its receive is posted; waiting there frees
+             the sent tensor before the next micro-batch, not at the end of the step) and for this
+             batch's receives. That is the blocking order minidist.pp.check simulated, so a schedule
+             that passed the check cannot hang here.
 
 Shapes: a receiver must allocate its buffer before the tensor arrives. The first message across
 each boundary carries a small header (dtype and shape) first; later ones reuse it. The headers
@@ -185,7 +186,9 @@ class Pipeline:
 
     # ---------------------------------------------------------------------- communication
     def _communicate(self, st: _Step, batch: list[Action]) -> None:
-        """Post the batch's sends (headers first where a boundary's shape is new), then receive."""
+        """Post the batch (headers first where a boundary's shape is new); wait for the previous batch's
+        sends (gloo's complete once received: the sent tensors are freed here) and this batch's receives."""
+        previous, st.sends = st.sends, []
         ops, recvs = [], []
         for a in batch:
             src, dst, what = message(self.schedule, a)
@@ -214,6 +217,8 @@ class Pipeline:
             st.sends += posted[:len(ops) - len(recvs)]
             works = posted[len(ops) - len(recvs):]
         start = time.perf_counter()
+        for work in previous:
+            work.wait()
         for (a, src, _), work in zip(recvs, works):
             self._wait(work, a, src)
         self.timeline.append(("wait", start, time.perf_counter()))
