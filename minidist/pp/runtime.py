@@ -96,7 +96,7 @@ class Pipeline:
         self.schedule, self.loss_fn, self.ties = schedule, loss_fn, tuple(ties)
         self.stages = {s.index: s for s in stages}
         self.device = next((p.device for s in stages for p in s.module.parameters()), torch.device("cpu"))
-        self._program = _batches(schedule.actions[self.rank])
+        self._program = _batches(schedule, self.rank)
         self._last_backward = {a.stage: k for k, a in enumerate(self._program)
                                if isinstance(a, Action) and a.kind in (Kind.B, Kind.BW)}
         self._shapes: dict[int, tuple[torch.Size, torch.dtype]] = {}
@@ -185,13 +185,12 @@ class Pipeline:
         return grad
 
     # ---------------------------------------------------------------------- communication
-    def _communicate(self, st: _Step, batch: list[Action]) -> None:
+    def _communicate(self, st: _Step, batch: list[tuple]) -> None:
         """Post the batch (headers first where a boundary's shape is new); wait for the previous batch's
         sends (gloo's complete once received: the sent tensors are freed here) and this batch's receives."""
         previous, st.sends = st.sends, []
         ops, recvs = [], []
-        for a in batch:
-            src, dst, what = message(self.schedule, a)
+        for a, src, dst, what in batch:
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
                 tensor = self._outgoing(st, a)
                 if what[0] == "activation" and what[1] not in self._shapes:
@@ -250,14 +249,15 @@ class Pipeline:
                                f"arrive ({exc})") from exc
 
 
-def _batches(actions: tuple[Action, ...]) -> list:
-    """The list with each run of consecutive SEND/RECV actions gathered into one list (one batch)."""
+def _batches(schedule: Schedule, rank: int) -> list:
+    """Rank `rank`'s list with each run of consecutive SEND/RECV actions gathered into one batch, each
+    message with its (sender, receiver, what) worked out once (minidist.pp.check.message)."""
     out: list = []
-    for a in actions:
+    for a in schedule.actions[rank]:
         if a.kind.is_comm:
             if not out or not isinstance(out[-1], list):
                 out.append([])
-            out[-1].append(a)
+            out[-1].append((a, *message(schedule, a)))
         else:
             out.append(a)
     return out
