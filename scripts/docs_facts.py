@@ -216,6 +216,26 @@ def worked_numbers_n4() -> list[Fact]:
     return facts
 
 
+def pp_timeline() -> list[Fact]:
+    """Every schedule's action lists at p = 4, m = 8 (what the pictures ran; their times are the clock's)."""
+    from minidist import pp
+    from recipes.pp_timeline import SCHEDULES
+    return [text(f"{name}: the action lists", pp.build(name, 4, 8, v).table()) for name, v in SCHEDULES]
+
+
+def bench_pp() -> list[Fact]:
+    """The formula column of the benchmark (p = 4 ranks; m as the job's command gives, or the default)."""
+    from minidist import pp
+    bench = _module_from("benchmarks/pp_vs_torch.py")
+    facts = []
+    for name in bench.TORCH:
+        for m in (1, 2, 4, 8, 16):
+            if name != "interleaved_1f1b" or m % 4 == 0:
+                facts.append(cell(f"{name} m = {m}: the formula", f"{name} {m}", "formula",
+                                  f"{pp.cost.bubble(name, 4, m, bench.virtual(name)):.3f}"))
+    return facts
+
+
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
@@ -277,6 +297,11 @@ def registry() -> dict[str, Snippet]:
                                                  f"docs/generated/step_{e}.png, is redrawn with it)", traced_step(e),
                                                  world=2) for e in ("ddp", "zero", "fsdp")})
     snippets.update({name: Snippet("code", "every line", "", code_quote(name)) for name in CODE_QUOTES})
+    snippets["pp_timeline"] = Snippet("pp_timeline", "every schedule's action lists", "the step times and the "
+                                      "measured bubbles; the pictures beside it (docs/generated/pp_*.png) are "
+                                      "redrawn with it", pp_timeline)
+    snippets["bench_pp"] = Snippet("bench_pp", "the formula column", "every time, measured bubble and ratio",
+                                   bench_pp)
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job != "code" and not any(s.job == job for s in snippets.values()):
