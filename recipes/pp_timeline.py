@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -34,20 +35,26 @@ FORWARD_S = 0.008
 COLORS = {"F": "#4c78a8", "B": "#f58518", "BI": "#f58518", "BW": "#54a24b", "wait": "#e0e0e0"}
 
 
-def one_step(name: str, v: int, mesh) -> tuple[list, float]:
-    """This rank's timeline of one step of `name` (after a warm-up), and the step's wall time."""
+def sleeping_pipeline(name: str, m: int, v: int, forward_s: float, mesh) -> tuple[pp.Pipeline, Callable[[], None]]:
+    """`name` over `mesh` on two sleeping layers per rank (a rank's forward: forward_s), and its step; after
+    one warm-up step (which sends the shapes)."""
     rank, p = dist.get_rank(), dist.get_world_size()
-    m = 2 * p
     torch.manual_seed(0)
-    layers = torch.nn.Sequential(*(SleepyLinear(8, FORWARD_S / 2) for _ in range(2 * p)))
+    layers = torch.nn.Sequential(*(SleepyLinear(8, forward_s / 2) for _ in range(2 * p)))
     cut = pp.split_sequential(layers, [k * 2 // v for k in range(1, p * v)])
     sched = pp.build(name, p, m, v)
     pipe = pp.Pipeline([pp.Stage(cut.modules[s], s, p * v) for s in sched.stages_of(rank)], sched, mesh, F.mse_loss)
     x, y = torch.randn(2 * m, 8), torch.randn(2 * m, 8)
     pipe.step(x, target=y)
+    return pipe, lambda: pipe.step(x, target=y)
+
+
+def one_step(name: str, v: int, mesh) -> tuple[list, float]:
+    """This rank's timeline of one step of `name` (after a warm-up), and the step's wall time."""
+    pipe, step = sleeping_pipeline(name, 2 * dist.get_world_size(), v, FORWARD_S, mesh)
     dist.barrier()
     t0 = time.perf_counter()
-    pipe.step(x, target=y)
+    step()
     return pipe.timeline, time.perf_counter() - t0
 
 

@@ -223,16 +223,14 @@ def pp_timeline() -> list[Fact]:
     return [text(f"{name}: the action lists", pp.build(name, 4, 8, v).table()) for name, v in SCHEDULES]
 
 
-def bench_pp() -> list[Fact]:
-    """The formula column of the benchmark (p = 4 ranks; m as the job's command gives, or the default)."""
-    from minidist import pp
-    bench = _module_from("benchmarks/pp_vs_torch.py")
-    facts = []
-    for name in bench.TORCH:
-        for m in (1, 2, 4, 8, 16):
-            if name != "interleaved_1f1b" or m % 4 == 0:
-                facts.append(cell(f"{name} m = {m}: the formula", f"{name} {m}", "formula",
-                                  f"{pp.cost.bubble(name, 4, m, bench.virtual(name)):.3f}"))
+def bench_pp(p: int) -> Callable[[], list[Fact]]:
+    """The formula column of the benchmark at p ranks (the default micro-batches: 1, 2, 4, 8, 16)."""
+    def facts() -> list[Fact]:
+        from minidist import pp
+        bench = _module_from("benchmarks/pp_vs_torch.py")
+        return [cell(f"{name} m = {m}: the formula", f"{name} {m}", "formula",
+                     f"{pp.cost.bubble(name, p, m, bench.virtual(name)):.3f}")
+                for name in bench.TORCH for m in (1, 2, 4, 8, 16) if name != "interleaved_1f1b" or m % p == 0]
     return facts
 
 
@@ -300,8 +298,8 @@ def registry() -> dict[str, Snippet]:
     snippets["pp_timeline"] = Snippet("pp_timeline", "every schedule's action lists", "the step times and the "
                                       "measured bubbles; the pictures beside it (docs/generated/pp_*.png) are "
                                       "redrawn with it", pp_timeline)
-    snippets["bench_pp"] = Snippet("bench_pp", "the formula column", "every time, measured bubble and ratio",
-                                   bench_pp)
+    snippets.update({job: Snippet(job, "the formula column", "every time, measured bubble and ratio", bench_pp(p))
+                     for job, p in (("bench_pp", 4), ("bench_pp_2", 2))})
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job != "code" and not any(s.job == job for s in snippets.values()):

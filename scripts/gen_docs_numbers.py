@@ -63,6 +63,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
     "pp_timeline": (f"{TORCHRUN.format(n=4)} -m recipes.pp_timeline --out docs/generated", 300),
     "bench_pp": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py", 900),
+    "bench_pp_2": (f"{TORCHRUN.format(n=2)} benchmarks/pp_vs_torch.py", 900),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")

@@ -11,7 +11,9 @@ back p - 1 backwards late, so the step lasts (m + p - 1)(t_F + t_B):
     interleaved 1F1B   (p-1) / (v m + p - 1)                 the fill and drain run on chunks 1/v the size
     ZB-H1              (p-1)(t_F + t_BI - t_BW) / (m (t_F + t_B) + (p-1)(t_F + t_BI - t_BW))
                        = (p-1) / (3 m + p - 1) when t_F = t_BI = t_BW, for m >= p: the deferred
-                       weight gradients fill most of the drain
+                       weight gradients fill most of the drain; for m < p the step is
+                       (m + p - 1)(t_F + t_BI) + t_BW (too few BW to fill it); both as long as
+                       t_BW <= t_F + t_BI (the weight half no longer than the rest)
 
 Bytes, per stage boundary and step: each micro-batch's activation forward and its gradient
 backward, 2 m x (b s h) x e bytes for micro-batches of b sequences of s tokens of width h,
@@ -38,8 +40,11 @@ def bubble(schedule: str, pp: int, microbatches: int, virtual: int = 1, t_f: flo
     if schedule == "interleaved_1f1b":
         return (p - 1) / (v * m + p - 1)
     if schedule == "zb_h1":
+        busy = m * (t_f + t_bi + t_bw)
+        if m < p:  # too few weight gradients to fill the drain: only the first rank's last one is left over
+            return 1 - busy / ((m + p - 1) * (t_f + t_bi) + t_bw)
         idle = (p - 1) * (t_f + t_bi - t_bw)
-        return idle / (m * (t_f + t_bi + t_bw) + idle)
+        return idle / (busy + idle)
     raise ValueError(f"no bubble formula for schedule {schedule!r}")
 
 

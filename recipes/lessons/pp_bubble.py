@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from benchmarks.emulated import SleepyLinear  # run from the repository root, as every lesson
 from minidist import pp
 from minidist.pp.check import bubble
 from recipes.lessons.common import Context, main_for, max_over_ranks
+from recipes.pp_timeline import sleeping_pipeline
 
 TITLE = "the bubble of a pipeline falls as (p-1)/(m+p-1), and by v with interleaving"
 
@@ -43,19 +41,12 @@ CLAIM = ("1F1B's bubble falls from {b1:.2f} at m = 1 to {bm:.2f} at m = {m} micr
 
 def measured(name: str, m: int, v: int, forward_s: float, repeats: int, mesh) -> float:
     """1 - busy / step for `name` at m micro-batches, two sleeping layers per rank."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    layers = torch.nn.Sequential(*(SleepyLinear(8, forward_s / 2) for _ in range(2 * p)))
-    cut = pp.split_sequential(layers, [k * 2 // v for k in range(1, p * v)])
-    sched = pp.build(name, p, m, v)
-    pipe = pp.Pipeline([pp.Stage(cut.modules[s], s, p * v) for s in sched.stages_of(rank)], sched, mesh, F.mse_loss)
-    x, y = torch.randn(2 * m, 8), torch.randn(2 * m, 8)
-    pipe.step(x, target=y)  # the first step sends the shapes
+    _, step = sleeping_pipeline(name, m, v, forward_s, mesh)
     best = float("inf")
     for _ in range(repeats):
         dist.barrier()
         t0 = time.perf_counter()
-        pipe.step(x, target=y)
+        step()
         best = min(best, max_over_ranks(time.perf_counter() - t0))
     return 1 - 3 * m * forward_s / best
 

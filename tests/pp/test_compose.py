@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from minidist import DDP, FSDP, ShardedOptimizer, comm, pp
 from minidist.mesh import DP, PP, TP, ParallelDims

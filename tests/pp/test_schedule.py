@@ -17,9 +17,16 @@ def test_every_size_checks_and_its_bubble_is_the_formula(name):
     for p, m in SIZES:
         sched = build(name, p, m)
         simulated = bubble(check(sched))
-        if name != "zb_h1" or m >= p:  # ZB-H1's formula assumes enough micro-batches to fill the drain
-            assert simulated == pytest.approx(cost.bubble(name, p, m)), (name, p, m, simulated)
+        assert simulated == pytest.approx(cost.bubble(name, p, m)), (name, p, m, simulated)
         assert [held(sched, r)[0] for r in range(p)] == list(sched.in_flight), (name, p, m)
+
+
+def test_zb_h1s_bubble_for_unequal_halves():
+    for t_f, t_bi, t_bw in ((1.0, 2.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.5, 0.5)):
+        costs = {Kind.F: t_f, Kind.BI: t_bi, Kind.BW: t_bw}
+        for p, m in SIZES:
+            simulated = bubble(simulate(build("zb_h1", p, m), costs))
+            assert simulated == pytest.approx(cost.bubble("zb_h1", p, m, 1, t_f, t_bi, t_bw)), (t_f, t_bi, t_bw, p, m)
 
 
 def test_interleaved_checks_for_every_multiple_of_pp():
