@@ -48,9 +48,11 @@ class _SleepBackward(torch.autograd.Function):
 
 
 class SleepyLinear(torch.nn.Module):
-    """Linear(width, width) whose forward sleeps `seconds`, and whose backward sleeps `seconds` on the input's
-    path and `seconds` on the weight's: a backward of twice the forward, as `sleep`, split the way a
-    zero-bubble schedule splits it (minidist.pp.backward: BI runs the first sleep, BW the second)."""
+    """Linear(width, width) whose forward sleeps `seconds`, and whose backward sleeps `seconds` on the output's
+    path (which the input's gradient follows) and `seconds` on the weight's: a backward of twice the
+    forward, as `sleep`, split the way a zero-bubble schedule splits it (minidist.pp.backward: BI runs
+    the first sleep, BW the second). The sleeps sit on the output and the weight, not the input, so
+    that a first stage, whose input (token ids, data) needs no gradient, sleeps its whole backward too."""
 
     def __init__(self, width: int, seconds: float):
         super().__init__()
@@ -58,4 +60,4 @@ class SleepyLinear(torch.nn.Module):
 
     def forward(self, x):
         weight = _SleepBackward.apply(self.lin.weight, self.seconds, False)
-        return torch.nn.functional.linear(_SleepBackward.apply(x, self.seconds, True), weight, self.lin.bias)
+        return _SleepBackward.apply(torch.nn.functional.linear(x, weight, self.lin.bias), self.seconds, True)
