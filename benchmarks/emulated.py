@@ -39,7 +39,7 @@ class _SleepBackward(torch.autograd.Function):
         ctx.seconds = seconds
         if forward_too:
             time.sleep(seconds)
-        return x.view_as(x)
+        return x.clone()  # not a view: torch.distributed.pipelining detaches a stage's output in place
 
     @staticmethod
     def backward(ctx, grad):
