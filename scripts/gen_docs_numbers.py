@@ -64,6 +64,8 @@ JOBS: dict[str, tuple[str, int]] = {
     "pp_timeline": (f"{TORCHRUN.format(n=4)} -m recipes.pp_timeline --out docs/generated", 300),
     "bench_pp": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py", 900),
     "bench_pp_2": (f"{TORCHRUN.format(n=2)} benchmarks/pp_vs_torch.py", 900),
+    "bench_pp_long": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py --microbatches 8 --forward-ms 80 "
+                      f"--schedules gpipe 1f1b", 600),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")
