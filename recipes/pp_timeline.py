@@ -80,7 +80,8 @@ def draw(timelines: list[list], path: Path, title: str) -> Path:
                   [f"rank {r}" for r in range(len(timelines))])
     ax.set_xlabel("ms since the step began")
     ax.set_title(title, fontsize=10)
-    ax.legend(handles=[Patch(color=COLORS[k], label=k if k != "B" else "B (or BI)") for k in ("F", "B", "BW", "wait")], loc="upper center",
+    labels = {"F": "F", "B": "B (or BI)", "BW": "BW", "wait": "wait"}
+    ax.legend(handles=[Patch(color=COLORS[k], label=v) for k, v in labels.items()], loc="upper center",
               bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=130)

@@ -64,7 +64,8 @@ def _coverage(s: Schedule) -> None:
         counts = Counter((a.kind, a.stage, a.microbatch) for a in s.compute(r))
         for a in s.actions[r]:
             if a.stage not in s.stages_of(r) or not 0 <= a.microbatch < s.microbatches:
-                _fail(s, f"rank {r} runs {a}, but holds stages {s.stages_of(r)} of micro-batches 0..{s.microbatches - 1}")
+                _fail(s, f"rank {r} runs {a}, but holds stages {s.stages_of(r)} of micro-batches "
+                         f"0..{s.microbatches - 1}")
         for st in s.stages_of(r):
             for i in range(s.microbatches):
                 f, b, bi, bw = (counts[(k, st, i)] for k in (Kind.F, Kind.B, Kind.BI, Kind.BW))

@@ -87,7 +87,8 @@ class Pipeline:
                              f"pass mesh['pp']")
         self.group, self.rank = device_mesh.get_group(), device_mesh.get_local_rank()
         if device_mesh.size() != schedule.pp:
-            raise ValueError(f"schedule {schedule.name} is for pp={schedule.pp} ranks; the mesh has {device_mesh.size()}")
+            raise ValueError(f"schedule {schedule.name} is for pp={schedule.pp} ranks; "
+                             f"the mesh has {device_mesh.size()}")
         check(schedule)
         held = sorted(s.index for s in stages)
         if held != schedule.stages_of(self.rank) or any(s.num_stages != schedule.num_stages for s in stages):

@@ -20,7 +20,8 @@ def _exchange() -> dict:
             w.wait()
         (comm.isend(torch.arange(3.0), 1, group=group) if rank == 0 else comm.irecv(lone, 0, group=group)).wait()
     return dict(got=theirs.tolist(), lone=lone.tolist() if rank else None,
-                records=[(r.op, r.group.split(":")[-1], r.group_size, r.payload_bytes, r.sent_bytes) for r in t.records])
+                records=[(r.op, r.group.split(":")[-1], r.group_size, r.payload_bytes, r.sent_bytes)
+                         for r in t.records])
 
 
 def test_a_batch_delivers_and_the_trace_names_each_channel(run_dist):

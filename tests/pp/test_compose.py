@@ -62,7 +62,8 @@ def _dp_pp(engine: str, schedule_name: str) -> dict:
     with comm.trace() as t:
         train(pipe, mine[1:], gpt_model, optimizer=optimizer)
     whole = {n: v for s in pipe.stages.values() for n, v in _whole(s).items()}
-    calls = {op: sum(r.op == op and not r.group.count(":") for r in t.records) for op in ("all_reduce", "reduce_scatter")}
+    collectives = [r.op for r in t.records if ":" not in r.group]  # not the tie's point-to-point messages
+    calls = {op: collectives.count(op) for op in ("all_reduce", "reduce_scatter")}
     return dict(diff=max((whole[n] - ref[n]).abs().max().item() for n in whole), calls=calls,
                 units=sum(len(s.runner.units) for s in pipe.stages.values() if isinstance(s.runner, FSDP)),
                 buckets=sum(len(s.runner.reducer.buckets) for s in pipe.stages.values() if isinstance(s.runner, DDP)))
@@ -116,9 +117,11 @@ def _clipped(max_norm: float) -> tuple[float, float, float]:
     want = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # the tied weight counted once
     grads = {n: p.grad for n, p in model.named_parameters(remove_duplicate=False)}
     pipe, _ = _stages(pp.split_gpt(gpt(), 2), layout, pp.build("gpipe", 2, 2), "ddp")
-    pipe.step(*[rank_slice(b, layout.dp_rank, 2)[:, :-1] for b in data], target=rank_slice(data[0], layout.dp_rank, 2)[:, 1:])
+    mine = rank_slice(data[0], layout.dp_rank, 2)
+    pipe.step(mine[:, :-1], target=mine[:, 1:])
     norm = pp.clip_grad_norm_(pipe, max_norm, layout)
-    worst = max((p.grad - grads[n]).abs().max().item() for s in pipe.stages.values() for n, p in s.module.named_parameters())
+    worst = max((p.grad - grads[n]).abs().max().item()
+                for s in pipe.stages.values() for n, p in s.module.named_parameters())
     return norm.item(), want.item(), worst
 
 

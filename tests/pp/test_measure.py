@@ -76,4 +76,4 @@ def _bytes(name: str, v: int) -> tuple[float, float]:
 def test_bytes_on_the_wire_are_two_activations_per_micro_batch_per_boundary(run_dist):
     for name, v in (("1f1b", 1), ("interleaved_1f1b", 2)):
         kernel, formula = run_dist(2, _bytes, name, v)[0]
-        assert 1.0 <= kernel / formula < 1.01, f"{name}: the kernel counted {kernel:.0f} bytes, the formula {formula:.0f}"
+        assert 1.0 <= kernel / formula < 1.01, f"{name}: the kernel counted {kernel:.0f} bytes, formula {formula:.0f}"

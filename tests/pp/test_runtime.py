@@ -60,7 +60,8 @@ def _torch_pipeline(name: str, p: int, m: int, v: int, data) -> dict[str, torch.
     stages = [PipelineStage(cut.modules[s], s, p * v, torch.device("cpu")) for s in pp.stages_of(rank, p, v)]
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B,
            "zb_h1": ScheduleInterleavedZeroBubble}[name]
-    sched = cls(stages if cls in (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble) else stages[0], m, loss_fn=mse)
+    multi = cls in (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)  # they take a list of stages
+    sched = cls(stages if multi else stages[0], m, loss_fn=mse)
     opt = sgd([q for s in stages for q in s.submod.parameters()])
     for x, y in data:
         opt.zero_grad()
@@ -131,7 +132,8 @@ def _refusals() -> list[str]:
     out = []
     for call in (lambda: pp.Pipeline([pp.Stage(cut.modules[1 - rank], 1 - rank, 2)], pp.build("1f1b", 2, 2), mesh, mse),
                  lambda: pp.Pipeline([pp.Stage(cut.modules[rank], rank, 2)], pp.build("1f1b", 4, 4), mesh, mse),
-                 lambda: pipeline(cut, pp.build("1f1b", 2, 3), mesh, rank).step(torch.zeros(8, 12), target=torch.zeros(8, 12)),
+                 lambda: pipeline(cut, pp.build("1f1b", 2, 3), mesh, rank).step(torch.zeros(8, 12),
+                                                                                target=torch.zeros(8, 12)),
                  lambda: pipeline(cut, pp.build("1f1b", 2, 2), mesh, rank).step(torch.zeros(8, 12))):
         with pytest.raises(ValueError) as e:
             call()

@@ -78,8 +78,8 @@ def test_what_the_check_catches():
         # a backward before its forward
         "before F(1,0)": _hand([[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("B", 0), ("F", 0), ("F", 1), ("B", 1)]]),
         # 1F1B's order stated to hold one activation where it holds two
-        "holds 2 activations": _hand([[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]],
-                                     in_flight=[1, 1]),
+        "holds 2 activations": _hand([[("F", 0), ("F", 1), ("B", 0), ("B", 1)],
+                                      [("F", 0), ("B", 0), ("F", 1), ("B", 1)]], in_flight=[1, 1]),
     }
     for want, sched in cases.items():
         with pytest.raises(ScheduleError, match=want.replace("(", r"\(").replace(")", r"\)")):
