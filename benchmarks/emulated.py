@@ -29,3 +29,35 @@ class _Sleep(torch.autograd.Function):
 def sleep(x: torch.Tensor, seconds: float) -> torch.Tensor:
     """x unchanged; the forward sleeps `seconds`, its backward 2 x `seconds`."""
     return _Sleep.apply(x, seconds)
+
+
+class _SleepBackward(torch.autograd.Function):
+    """Identity that sleeps `seconds` in forward (when forward_too) and in backward."""
+
+    @staticmethod
+    def forward(ctx, x, seconds: float, forward_too: bool):
+        ctx.seconds = seconds
+        if forward_too:
+            time.sleep(seconds)
+        return x.clone()  # not a view: torch.distributed.pipelining detaches a stage's output in place
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None, None
+
+
+class SleepyLinear(torch.nn.Module):
+    """Linear(width, width) whose forward sleeps `seconds`, and whose backward sleeps `seconds` on the output's
+    path (which the input's gradient follows) and `seconds` on the weight's: a backward of twice the
+    forward, as `sleep`, split the way a zero-bubble schedule splits it (minidist.pp.backward: BI runs
+    the first sleep, BW the second). The sleeps sit on the output and the weight, not the input, so
+    that a first stage, whose input (token ids, data) needs no gradient, sleeps its whole backward too."""
+
+    def __init__(self, width: int, seconds: float):
+        super().__init__()
+        self.lin, self.seconds = torch.nn.Linear(width, width), seconds
+
+    def forward(self, x):
+        weight = _SleepBackward.apply(self.lin.weight, self.seconds, False)
+        return _SleepBackward.apply(torch.nn.functional.linear(x, weight, self.lin.bias), self.seconds, True)

@@ -10,6 +10,8 @@ Three kinds of dimension (torchtitan's ParallelDims, Megatron's groups):
     replicate  data parallel, parameters copied (DDP's all_reduce, hybrid FSDP across replicas)
     shard      data parallel, parameters split (FSDP's all_gather and reduce_scatter)
     tp         tensor parallel: ranks hold slices of the same layers and read the same data
+    pp         pipeline parallel: ranks hold different layers (stages) and read the same data,
+               outermost (its point-to-point messages are the cheapest: across nodes)
 
 A mesh lays the ranks out as an array, tp innermost (tp's collectives run every layer, so
 its ranks are consecutive: the same node). Data parallelism that is only replicated or only
@@ -53,8 +55,10 @@ TP = "tp"
 """The tensor-parallel dimension: ranks that hold different slices of the same layers and see the same data."""
 DATA_PARALLEL_DIMS = (DP, REPLICATE, SHARD)
 """Dimensions over which ranks see different data."""
-DIM_ORDER = (REPLICATE, SHARD, DP, TP)
-"""Outermost first: the last dimension's ranks are consecutive."""
+PP = "pp"
+"""The pipeline dimension: ranks that hold different stages of the model (minidist.pp)."""
+DIM_ORDER = (PP, REPLICATE, SHARD, DP, TP)
+"""Outermost first (torchtitan's order): the last dimension's ranks are consecutive."""
 
 # ------------------------------------------------------------------------------- degrees
 def _divisors(n: int) -> str:
@@ -67,7 +71,7 @@ def _processes(n: int) -> str:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """How many ranks along each dimension; replicate x shard x tp is the world.
+    """How many ranks along each dimension; pp x replicate x shard x tp is the world.
 
     hybrid: lay data parallelism out as two dimensions (replicate, shard) even where one
     of them is 1 (hybrid FSDP works over both); otherwise as one, "dp".
@@ -77,26 +81,30 @@ class ParallelDims:
     shard: int = 1
     tp: int = 1
     hybrid: bool = False
+    pp: int = 1
 
     @classmethod
-    def infer(cls, world_size: int, *, tp: int = 1, shard: int = 1, hybrid: bool = False,
+    def infer(cls, world_size: int, *, tp: int = 1, shard: int = 1, hybrid: bool = False, pp: int = 1,
               settings: dict[str, str] | None = None) -> ParallelDims:
         """The degrees for `world_size` ranks; shard=-1: every data-parallel rank shards (FSDP).
 
-        A degree that does not fit is one line naming its setting (`settings` maps "tp" and
+        A degree that does not fit is one line naming its setting (`settings` maps "tp", "pp" and
         "shard" to the user's names for them, e.g. "strategy.tp_size") and the valid values.
         """
-        name = {TP: TP, SHARD: SHARD} | (settings or {})
+        name = {TP: TP, SHARD: SHARD, PP: PP} | (settings or {})
         if tp < 1 or world_size % tp:
             raise ValueError(f"{name[TP]}={tp} must divide {_processes(world_size)}; "
                              f"valid: {_divisors(world_size)}")
-        dp = world_size // tp
+        left, by = world_size // tp, f" / {name[TP]}={tp}" if tp > 1 else ""
+        if pp < 1 or left % pp:
+            ranks = f"the {left} ranks ({world_size} processes{by})" if tp > 1 else _processes(world_size)
+            raise ValueError(f"{name[PP]}={pp} must divide {ranks}; valid: {_divisors(left)}")
+        dp, by = left // pp, by + (f" / {name[PP]}={pp}" if pp > 1 else "")
         shard = dp if shard == -1 else shard
         if shard < 1 or dp % shard:
-            ranks = f"{dp} data-parallel ranks ({world_size} processes / {name[TP]}={tp})" if tp > 1 \
-                else _processes(world_size)[4:]
+            ranks = f"{dp} data-parallel ranks ({world_size} processes{by})" if by else _processes(world_size)[4:]
             raise ValueError(f"{name[SHARD]}={shard} must divide the {ranks}; valid: {_divisors(dp)}")
-        return cls(dp // shard, shard, tp, hybrid)
+        return cls(dp // shard, shard, tp, hybrid, pp)
 
     @property
     def dp(self) -> int:
@@ -105,16 +113,17 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp
+        return self.pp * self.dp * self.tp
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The mesh's dimensions, outermost first (tp only where it is > 1)."""
-        return ((REPLICATE, SHARD) if self.hybrid else (DP,)) + ((TP,) if self.tp > 1 else ())
+        """The mesh's dimensions, outermost first (pp and tp only where they are > 1)."""
+        return ((PP,) if self.pp > 1 else ()) + ((REPLICATE, SHARD) if self.hybrid else (DP,)) + \
+            ((TP,) if self.tp > 1 else ())
 
     @property
     def shape(self) -> tuple[int, ...]:
-        sizes = {REPLICATE: self.replicate, SHARD: self.shard, DP: self.dp, TP: self.tp}
+        sizes = {PP: self.pp, REPLICATE: self.replicate, SHARD: self.shard, DP: self.dp, TP: self.tp}
         return tuple(sizes[n] for n in self.names)
 
     def build(self, device_type: str) -> Layout:
@@ -200,7 +209,7 @@ class Layout:
     @property
     def dp_rank(self) -> int:
         """Which data shard this rank reads: its coordinate along the data-parallel dimensions, row-major.
-        Ranks that differ only in tp read the same data."""
+        Ranks that differ only in tp or pp read the same data."""
         rank, coord = 0, self.coordinate
         for n in self.dp_dims:
             rank = rank * self.size(n) + coord[n]

@@ -224,6 +224,21 @@ def scale_numbers(part: str) -> Callable[[], list[Fact]]:
         from minidist.comm import nccl
         from minidist.memory import activations
         return [text(f"the {part} table", (nccl.table() if part == "nccl" else activations.table()).strip("\n"))]
+def pp_timeline() -> list[Fact]:
+    """Every schedule's action lists at p = 4, m = 8 (what the pictures ran; their times are the clock's)."""
+    from minidist import pp
+    from recipes.pp_timeline import SCHEDULES
+    return [text(f"{name}: the action lists", pp.build(name, 4, 8, v).table()) for name, v in SCHEDULES]
+
+
+def bench_pp(p: int, microbatches=(1, 2, 4, 8, 16), names: tuple[str, ...] | None = None) -> Callable[[], list[Fact]]:
+    """The formula column of the benchmark at p ranks, for the micro-batches and schedules its job runs."""
+    def facts() -> list[Fact]:
+        from minidist import pp
+        bench = _module_from("benchmarks/pp_vs_torch.py")
+        return [cell(f"{name} m = {m}: the formula", f"{name} {m}", "formula",
+                     f"{pp.cost.bubble(name, p, m, bench.virtual(name)):.3f}")
+                for name in names or bench.TORCH for m in microbatches if name != "interleaved_1f1b" or m % p == 0]
     return facts
 
 
@@ -295,6 +310,12 @@ def registry() -> dict[str, Snippet]:
     snippets["scale_activations"] = Snippet("scale_numbers", "every number (the formulas, minidist.memory)", "",
                                             scale_numbers("activations"))
     snippets.update(tutorial())
+    snippets["pp_timeline"] = Snippet("pp_timeline", "every schedule's action lists", "the step times and the "
+                                      "measured bubbles; the pictures beside it (docs/generated/pp_*.png) are "
+                                      "redrawn with it", pp_timeline)
+    snippets.update({job: Snippet(job, "the formula column", "every time, measured bubble and ratio", facts)
+                     for job, facts in (("bench_pp", bench_pp(4)), ("bench_pp_2", bench_pp(2)),
+                                        ("bench_pp_long", bench_pp(4, (8,), ("gpipe", "1f1b"))))})
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job not in ("code", "strategies") and not any(s.job == job for s in snippets.values()):

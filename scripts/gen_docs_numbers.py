@@ -68,6 +68,11 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_bucket_overhead": (f"{TORCHRUN.format(n=2)} benchmarks/bucket_overhead.py", 600),
     "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
     "scale_numbers": ("python -m recipes.scale_numbers", 120),
+    "pp_timeline": (f"{TORCHRUN.format(n=4)} -m recipes.pp_timeline --out docs/generated", 300),
+    "bench_pp": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py", 900),
+    "bench_pp_2": (f"{TORCHRUN.format(n=2)} benchmarks/pp_vs_torch.py", 900),
+    "bench_pp_long": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py --microbatches 8 --forward-ms 80 "
+                      f"--schedules gpipe 1f1b", 600),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")

@@ -79,6 +79,15 @@ def sequence_parallel_cells() -> list[Fact]:
             for name, (sp, v) in les.PLANS.items()]
 
 
+def pp_bubble_cells() -> list[Fact]:
+    """The formula column of the bubble table (the lessons job runs at N = 2, m = 2N)."""
+    from minidist.pp import cost
+    p, m = 2, 4
+    rows = (("1f1b", 1, 1), ("gpipe", 1, m), ("1f1b", 1, m), ("interleaved_1f1b", 2, m))
+    return [cell(f"{n} at m = {mb}: the formula", f"{n} {v} {mb}", "formula", f"{cost.bubble(n, p, mb, v):.3g}")
+            for n, v, mb in rows]
+
+
 _LESSON_CLOCK = {
     "bucket_sweep": "alpha, beta, T and everything computed from them (b*, the caps, the buckets, the formula and "
                     "measured ms, the claim's ms)",
@@ -92,15 +101,19 @@ _LESSON_CLOCK = {
     "tp_vs_ddp_bytes": "",
     "sequence_parallel": "",
     "fsdp_x_tp": "",
+    "pp_bubble": "the step times and the measured bubbles",
+    "pp_memory": "",
+    "pp_vs_dp_tp_bytes": "",
 }
 _LESSON_CELLS = {"fsdp_vs_ddp_bytes": fsdp_vs_ddp_bytes_cells,
                  "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells,
-                 "sequence_parallel": sequence_parallel_cells}
+                 "sequence_parallel": sequence_parallel_cells, "pp_bubble": pp_bubble_cells}
 _LESSON_STRUCTURE = {
     "fsdp_vs_ddp_bytes": "the claim's wording; the traced bytes of every engine, phase and call type",
     "no_sync": "the claim's wording; how many micro-batches each engine reduces under each form",
     "tp_vs_ddp_bytes": "the claim's wording; TP's and DDP's bytes by formula at every batch size",
     "sequence_parallel": "the claim's wording; each plan's bytes by formula",
+    "pp_bubble": "the claim's wording; every schedule's bubble by formula",
 }
 LESSON_MEASURED = {
     "bucket_sweep": "layers left",
@@ -114,6 +127,9 @@ LESSON_MEASURED = {
     "tp_vs_ddp_bytes": "the kernel's byte counts and the crossing",
     "sequence_parallel": "the kernel's byte counts, and the norms' and dropouts' activations (MemTracker)",
     "fsdp_x_tp": "the kernel's byte counts, the formulas (FSDP's padded units), parameters and peaks (MemTracker)",
+    "pp_bubble": "the simulated lists against the formulas",
+    "pp_memory": "the activations held (MemTracker) and the action lists' counts",
+    "pp_vs_dp_tp_bytes": "the kernel's byte counts and the formulas",
 }
 """Decided by the code but measured at full size only when the snippet is generated (checked, at small
 size and at N = 2 and 4, by the lesson's own claim in tests/recipes/test_lessons.py)."""

@@ -26,7 +26,9 @@ FLOORS: list[tuple[str, ...]] = [
     ("minidist.comm", "minidist.runtime", "minidist.verify", "minidist.sharding", "minidist.precision",
      "minidist.shape", "minidist.footprint", "minidist.mesh"),   # collectives, the process group, sizes, the mesh
     ("minidist.models",),                                        # the GPT and the ResNet
+    ("minidist.buckets", "minidist.clip", "minidist.arguments"),  # below the engines: buckets, one clip, old names
     ("minidist.ddp", "minidist.zero", "minidist.fsdp", "minidist.tp"),  # the engines
+    ("minidist.pp", "minidist.cp"),                              # the depth and the sequence, over the engines
     ("minidist",),                                               # the package's surface: DDP, FSDP, ShardedOptimizer
     ("minidist.tutorial",),                                      # the build-it track: the engines in miniature
     ("minidist.strategies",),                                    # one record per strategy, over the engines

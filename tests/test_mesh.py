@@ -99,3 +99,49 @@ def test_degrees_that_do_not_fit_name_their_setting():
                             "strategy.tp_size=2); valid: 1, 2, 4")
     dims = ParallelDims.infer(8, tp=2, shard=-1)  # FSDP: every data-parallel rank shards
     assert (dims.replicate, dims.shard, dims.tp, dims.names, dims.shape) == (1, 4, 2, ("dp", "tp"), (4, 2))
+
+
+def _pp_layouts() -> dict:
+    from minidist.mesh import DP, PP, TP, ParallelDims
+    runtime.init("gloo")
+    out = {}
+    for label, dims in (("pp x dp", ParallelDims.infer(4, pp=2)), ("pp x tp", ParallelDims.infer(4, pp=2, tp=2))):
+        layout = dims.build("cpu")
+        loss = torch.tensor([float(layout.dp_rank + 1)])
+        out[label] = {"names": layout.names, "shape": dims.shape, "key": layout.key, "dp": (layout.dp_rank, layout.dp_size),
+                      "pp_group": dist.get_process_group_ranks(layout[PP].get_group()), "main": layout.is_main,
+                      "loss_sum": layout.all_reduce(loss).item(), "pp_sum": layout.all_reduce(torch.ones(1), (PP,)).item()}
+        if layout.size(TP) > 1:
+            out[label]["tp_group"] = dist.get_process_group_ranks(layout[TP].get_group())
+        if layout.size(DP) > 1:
+            out[label]["dp_group"] = dist.get_process_group_ranks(layout[DP].get_group())
+    return out
+
+
+def test_pipeline_dimension_is_outermost_world4(run_dist):
+    for r, g in enumerate(run_dist(4, _pp_layouts)):
+        dp = g["pp x dp"]  # pp outermost: a pipeline's stages are 2 apart, data-parallel replicas consecutive
+        assert dp["names"] == ("pp", "dp") and dp["shape"] == (2, 2) and dp["key"] == f"pp{r // 2}_dp{r % 2}"
+        assert dp["pp_group"] == [r % 2, r % 2 + 2] and dp["dp_group"] == [r - r % 2, r - r % 2 + 1]
+        assert dp["dp"] == (r % 2, 2), "ranks that differ only in pp read the same data"
+        assert dp["loss_sum"] == 1 + 2 and dp["pp_sum"] == 2 and dp["main"] == (r == 0)
+        tp = g["pp x tp"]  # dp has one rank: every rank of the job reads the same batch
+        assert tp["names"] == ("pp", "dp", "tp") and tp["shape"] == (2, 1, 2) and tp["dp"] == (0, 1)
+        assert tp["pp_group"] == [r % 2, r % 2 + 2] and tp["tp_group"] == [r - r % 2, r - r % 2 + 1]
+
+
+def test_a_pipeline_degree_that_does_not_fit_names_its_setting():
+    from minidist.mesh import ParallelDims
+    names = {"tp": "strategy.tp_size", "pp": "strategy.pp_size", "shard": "strategy.shard_size"}
+    with pytest.raises(ValueError) as e:
+        ParallelDims.infer(8, pp=3, settings=names)
+    assert str(e.value) == "strategy.pp_size=3 must divide the 8 processes of the job; valid: 1, 2, 4, 8"
+    with pytest.raises(ValueError) as e:
+        ParallelDims.infer(8, tp=2, pp=8, settings=names)
+    assert str(e.value) == "strategy.pp_size=8 must divide the 4 ranks (8 processes / strategy.tp_size=2); valid: 1, 2, 4"
+    with pytest.raises(ValueError) as e:
+        ParallelDims.infer(8, tp=2, pp=2, shard=4, hybrid=True, settings=names)
+    assert str(e.value) == ("strategy.shard_size=4 must divide the 2 data-parallel ranks (8 processes / "
+                            "strategy.tp_size=2 / strategy.pp_size=2); valid: 1, 2")
+    dims = ParallelDims.infer(8, tp=2, pp=2)
+    assert (dims.pp, dims.dp, dims.world_size, dims.names) == (2, 2, 8, ("pp", "dp", "tp"))

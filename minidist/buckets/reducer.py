@@ -178,6 +178,12 @@ class Reducer:
         self._set_divisor(self.world_size if divisor is None else divisor)
         self.state = ReducerState.ARMED if require_backward_grad_sync else ReducerState.LOCAL
 
+    def arm(self, require_backward_grad_sync: bool) -> None:
+        """Set the next backward's mode without a forward (DDP.set_requires_gradient_sync); not mid-backward."""
+        if self.state is ReducerState.REDUCING:
+            raise RuntimeError("DDP: set_requires_gradient_sync() called while a reducing backward is under way")
+        self.state = ReducerState.ARMED if require_backward_grad_sync else ReducerState.LOCAL
+
     # ---------------------------------------------------------------- backward
     def _on_grad_ready(self, i: int, _param: nn.Parameter) -> None:
         self._used[i] = True

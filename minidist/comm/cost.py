@@ -13,6 +13,7 @@ payload of S bytes (the full logical tensor, as in minidist.comm.trace):
     gather, scatter (N-1) a  +   S (N-1)/N b               log2(N) a   +   S (N-1)/N b
     all_to_all      (N-1) a  +   S (N-1)/N b               log2(N) a   + S/2 log2(N) b     (Bruck)
     barrier         2(N-1) a                               log2(N) a                     (dissemination)
+    send            a + S b (one message, one hop; recv: its other end, 0)
 
 The ring's bandwidth term for all_reduce tends to 2 S b whatever N is; its latency term grows as N.
 The second column is recursive halving and doubling (Rabenseifner's all_reduce: a halving
@@ -111,6 +112,8 @@ class CostModel:
             return ((n - 1), s * frac) if ring else (lg, s / 2 * lg)
         if op == "barrier":
             return (2 * (n - 1) if ring else lg), 0.0
+        if op in ("send", "recv"):  # one message, one hop; the recv is its other end
+            return (1, s) if op == "send" else (0, 0.0)
         raise ValueError(f"unknown collective {op!r}")
 
     def describe(self) -> str:

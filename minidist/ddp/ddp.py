@@ -127,6 +127,17 @@ class DDP(nn.Module):
         finally:
             self.require_backward_grad_sync = old
 
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
+        """Decide now, not at the next forward, whether the next backward reduces (FSDP2's name).
+
+        DDP decides in the forward (torch's semantics, no_sync above). A pipeline schedule
+        (minidist.pp) runs the forwards and backwards of different micro-batches interleaved, so
+        the forward before a backward is not its own: it calls this before every backward, True
+        before each stage's last (torch.distributed.pipelining reaches into its DDP's reducer for
+        the same). The next forward decides again, from require_backward_grad_sync.
+        """
+        self.reducer.arm(requires_gradient_sync)
+
     @contextlib.contextmanager
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True) -> Iterator[Join | None]:
         """Uneven inputs (torch's DDP.join): a rank out of batches shadows the others until all are.

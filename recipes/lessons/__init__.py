@@ -19,5 +19,8 @@ LESSONS = (
     "tp_vs_ddp_bytes",
     "sequence_parallel",
     "fsdp_x_tp",
+    "pp_bubble",
+    "pp_memory",
+    "pp_vs_dp_tp_bytes",
 )
 """Module names under recipes.lessons, in reading order."""

@@ -229,6 +229,33 @@ def peak_bytes(step: Callable[[], object], *tracked: object) -> int:
     return int(mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
 
 
+def peak_above_end(step: Callable[[], object], *tracked: object) -> tuple[int, int]:
+    """(peak bytes of live CPU tensor storage during step(), the bytes still live when it returns).
+
+    For a step that calls a module more than once (a pipeline runs each stage once per
+    micro-batch), which MemTracker's per-module statistics refuse: the same tracker with those
+    statistics off, counting storages only. What is live at the end (parameters, gradients, and
+    the storage of any untracked tensor the step took a view of, such as the batch it cut into
+    micro-batches) is what the step leaves; peak minus end is what it held on the way.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StoragesOnly(MemTracker):
+        def _pre_fw_hook(self, *args) -> None: ...
+        def _post_fw_hook(self, *args) -> None: ...
+        def _pre_bw_hook(self, *args) -> None: ...
+        def _post_bw_hook(self, *args) -> None: ...
+
+    mt = StoragesOnly()
+    with warnings.catch_warnings():  # as peak_bytes: MemTracker warns about the None grads it is handed
+        warnings.simplefilter("ignore", UserWarning)
+        mt.track_external(*tracked)
+        with mt:
+            step()
+            end = mt.get_tracker_snapshot()[torch.device("cpu")]["Total"]
+    return int(mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]), int(end)
+
+
 MiB = 2 ** 20
 
 
