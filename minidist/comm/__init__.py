@@ -8,11 +8,13 @@
     comm.set_debug(True)                     # ranks agree on every collective first (fingerprint.py)
     comm.flight_recorder.install_dump_handlers(run_dir)   # name a hang: flight_recorder.py
     with comm.kernel_io.written(group) as w: ...   # bytes the kernel saw this process write
+    comm.batch_isend_irecv([comm.P2POp(comm.isend, t, group_peer=1, group=g)])   # point to point: p2p.py
 
 Every call here that communicates is a collective, which every rank of its group must make, in the
 same order: the collectives themselves, calibrate() (timed all_reduces and a broadcast; on one rank
 alone it waits until the process group's timeout), kernel_io.written() (barriers), and set_debug()
-(each rank's check is one more all_gather).
+(each rank's check is one more all_gather). The exception: isend, irecv and batch_isend_irecv
+are point to point, made by the two ranks of each message only, in the same order on both.
 """
 
 from torch.distributed import ReduceOp
@@ -32,6 +34,7 @@ from minidist.comm.collectives import (
     scatter,
 )
 from minidist.comm import flight_recorder, kernel_io
+from minidist.comm.p2p import P2POp, batch_isend_irecv, irecv, isend
 from minidist.comm.cost import CostModel, calibrate
 from minidist.comm.fingerprint import CollectiveMismatchError, set_debug
 from minidist.comm.flight_recorder import CollectiveTimeoutError
@@ -43,4 +46,5 @@ __all__ = [
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "hidden_share", "collect_all", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
     "flight_recorder", "kernel_io", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "P2POp", "batch_isend_irecv", "isend", "irecv",
 ]

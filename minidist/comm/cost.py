@@ -13,6 +13,7 @@ payload of S bytes (the full logical tensor, as in minidist.comm.trace):
     gather, scatter (N-1) a  +   S (N-1)/N b               log2(N) a   +   S (N-1)/N b
     all_to_all      (N-1) a  +   S (N-1)/N b               log2(N) a   + S/2 log2(N) b     (Bruck)
     barrier         2(N-1) a                               log2(N) a                     (dissemination)
+    send            a + S b (one message, one hop; recv: its other end, 0)
 
 The ring's bandwidth term for all_reduce tends to 2 S b whatever N is; its latency term grows as N.
 The "tree" column of all_reduce, all_gather and reduce_scatter is recursive halving/doubling: the
@@ -69,6 +70,8 @@ class CostModel:
             return (n - 1) * a + s * frac * b if ring else lg * a + s / 2 * lg * b
         if op == "barrier":
             return (2 * (n - 1) if ring else lg) * a
+        if op in ("send", "recv"):
+            return a + s * b if op == "send" else 0.0
         raise ValueError(f"unknown collective {op!r}")
 
 

@@ -19,6 +19,8 @@ rank sends under the ring model (sent_bytes), N ranks:
                                               inner nodes, some twice), one rank sends nothing
     scatter (src), gather (dst)   S (N-1)/N on the root, 0 elsewhere; gather: S/N off the root
     barrier                       0
+    send, recv                    S on the sender, 0 on the receiver (point to point, comm.p2p:
+                                  group_size 2, group = the channel "<group>:<src>><dst>")
 
 Why a mean for broadcast and reduce: who sends how much depends on the algorithm (gloo's
 broadcast is a binomial tree: the root sends 2S at N = 4), but every algorithm delivers S to
@@ -89,8 +91,10 @@ def ring_bytes_sent(op: str, payload: int, world: int, *, is_root: bool = False)
         return payload * (world - 1) // world if is_root else 0
     if op == "gather":
         return 0 if is_root else payload // world
-    if op == "barrier":
+    if op in ("barrier", "recv"):
         return 0
+    if op == "send":
+        return payload
     raise ValueError(f"unknown collective {op!r}")
 
 
@@ -308,19 +312,20 @@ def _group_name(group: dist.ProcessGroup | None) -> str:
 
 
 def record(op: str, tensor: torch.Tensor | None, payload_numel: int, group, work, issued_s: float, *,
-           is_root: bool = False, algorithm: str = "native", root: int | None = None):
+           is_root: bool = False, algorithm: str = "native", root: int | None = None, channel: str | None = None):
     """Append one Record to every active trace; return the handle the caller should get back.
 
     Called only when _ACTIVE is non-empty, right after the issuing call returned. An async
     handle comes back wrapped in a TimedWork, which times the caller's waits (on it and on its
     future); the completion time comes from the work's future, or, without one, from wait().
+    `channel`: a point-to-point op's "<group>:<src>><dst>" (comm.p2p), its record's group, of 2 ranks.
     """
     launched = time.perf_counter()
-    world = dist.get_world_size(group)
+    world = 2 if channel else dist.get_world_size(group)
     payload = payload_numel * (tensor.element_size() if tensor is not None else 0)
     wire_op, wire = backend_bytes(op, algorithm, dist.get_backend(group), payload, world, is_root)
     rec = Record(
-        op=op, group=_group_name(group), group_size=world,
+        op=op, group=channel or _group_name(group), group_size=world,
         dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else "-",
         numel=payload_numel, payload_bytes=payload, sent_bytes=ring_bytes_sent(op, payload, world, is_root=is_root),
         async_op=work is not None, issued_s=issued_s, algorithm=algorithm, wire_op=wire_op, wire_bytes=wire,
