@@ -20,6 +20,9 @@ slowest: the slowest rank does (2 - 1/cp) times the mean. With zigzag every rank
 chunks (one early, one late) needs exactly 2 cp chunk pairs of the (2cp)^2 / 2 the whole causal
 attention has: every rank the same work (`work` below counts it).
 
+A diagonal pair is half a pair of work for a kernel that skips the masked tiles, as
+FlashAttention's and minidist.cp.blocks' do (m (m+1) / 2 tiles of m^2, m tiles a side).
+
 Positions: a rank's tokens keep their place in the whole sequence (`positions`), which the
 GPT's learned position embedding reads, and so does the mask above.
 """
@@ -65,10 +68,8 @@ def visibility(query_chunk: int, key_chunk: int) -> Visibility:
 
 
 def work(cp: int, rank: int, chunking: Chunking, with_rank: int | None = None) -> float:
-    """Chunk pairs rank `rank`'s queries compute (a diagonal counts 1/2), against `with_rank`'s keys or all ranks'.
-
-    In units of one chunk pair of its layout: contiguous r + 1/2, zigzag 2 cp (module docstring).
-    """
+    """Chunk pairs rank `rank`'s queries need against `with_rank`'s keys (None: all ranks'), a diagonal
+    pair counting 1/2. In units of one chunk pair of its layout: contiguous r + 1/2, zigzag 2 cp."""
     ranks = range(cp) if with_rank is None else (with_rank,)
     weight = {Visibility.FULL: 1.0, Visibility.DIAGONAL: 0.5, Visibility.NONE: 0.0}
     return sum(weight[visibility(a, b)] for src in ranks for a in chunk_ids(cp, rank, chunking)

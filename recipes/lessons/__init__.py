@@ -19,5 +19,8 @@ LESSONS = (
     "tp_vs_ddp_bytes",
     "sequence_parallel",
     "fsdp_x_tp",
+    "cp_vs_tp_bytes",
+    "cp_memory",
+    "zigzag_balance",
 )
 """Module names under recipes.lessons, in reading order."""

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
+from minidist.cp import blocks
 from minidist.cp import Chunking, Rotate, all_gather_attention, ring_attention, unshard_sequence
 from tests.cp.helpers import VARIANTS, full_attention, mine, qkv
 
@@ -16,7 +17,15 @@ ATTEND = {Rotate.RING: ring_attention, Rotate.ALL_GATHER: all_gather_attention}
 TOL = dict(rtol=1e-10, atol=1e-12)
 
 
-def body_attention_equals_full() -> dict:
+def body_attention_equals_full(tile: int | None = None) -> dict:
+    saved, blocks.TILE = blocks.TILE, tile or blocks.TILE
+    try:
+        return _attention_equals_full()
+    finally:
+        blocks.TILE = saved
+
+
+def _attention_equals_full() -> dict:
     q, k, v = qkv()
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(9), dtype=q.dtype)
     want = full_attention(q, k, v, dout)
@@ -39,6 +48,11 @@ def body_attention_equals_full() -> dict:
 def test_context_parallel_attention_equals_full_attention(run_dist, world):
     worst = run_dist(world, body_attention_equals_full)
     print(world, "max |difference| per variant, rank 0:", worst[0])
+
+
+def test_tiles_inside_a_chunk_pair_merge_to_the_same(run_dist):
+    """Tiles of 3 tokens: chunks of 8 (contiguous) and 4 (zigzag) cut unevenly, diagonal tiles skipped above."""
+    run_dist(2, body_attention_equals_full, 3)
 
 
 def body_ring_messages(chunking: Chunking) -> list[tuple[str, int, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minidist.cp import blocks
 from minidist.cp import Chunking, Visibility, chunk_ids, positions, visibility, work
 
 
@@ -40,3 +41,12 @@ def test_zigzag_balances_the_work_that_contiguous_leaves_to_the_last_rank(cp):
     # per step of the ring (src = r - t), zigzag computes exactly half a pair of its two chunks
     for r in range(cp):
         assert [work(cp, r, Chunking.ZIGZAG, with_rank=(r - t) % cp) for t in range(1, cp)] == [2.0] * (cp - 1)
+
+
+def test_a_diagonal_pair_skips_its_tiles_above_the_diagonal():
+    """4 tiles a side: 10 of 16 computed (4 causal on the diagonal), a full pair all 16."""
+    pairs = blocks.Pairs.of(2, 0, 0, Chunking.CONTIGUOUS)  # rank 0's own chunk: one diagonal pair
+    tiles = pairs.tiles(1024, tile=256)
+    assert len(tiles) == 10 and sum(diagonal for _, _, diagonal in tiles) == 4
+    assert all(ks.start <= qs.start for qs, ks, _ in tiles)
+    assert len(blocks.Pairs.of(2, 1, 0, Chunking.CONTIGUOUS).tiles(1024, tile=256)) == 16
