@@ -216,6 +216,15 @@ def worked_numbers_n4() -> list[Fact]:
     return facts
 
 
+def cp_ring() -> list[Fact]:
+    """The tiles each rank of the traced ring computes at each step, as minidist.cp.blocks plans them
+    (the job's 4 ranks, its default sequence of 2048 tokens)."""
+    from minidist.cp import Chunking
+    from recipes import cp_ring as ring
+    return [text(f"{c.value}: the tiles per rank and step", ring.tile_table(ring.planned_tiles(c, 4, 2048)))
+            for c in Chunking]
+
+
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
@@ -277,6 +286,9 @@ def registry() -> dict[str, Snippet]:
                                                  f"docs/generated/step_{e}.png, is redrawn with it)", traced_step(e),
                                                  world=2) for e in ("ddp", "zero", "fsdp")})
     snippets.update({name: Snippet("code", "every line", "", code_quote(name)) for name in CODE_QUOTES})
+    snippets["cp_ring"] = Snippet("cp_ring", "the tiles each rank computes at each step",
+                                  "the messages and busy times (from the run's trace and clock); the picture beside "
+                                  "it, docs/generated/cp_ring.png, is redrawn with it", cp_ring)
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job != "code" and not any(s.job == job for s in snippets.values()):

@@ -61,6 +61,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "worked_numbers_n4": (f"{TORCHRUN.format(n=4)} -m recipes.worked_numbers --measure", 900),
     "bench_bucket_overhead": (f"{TORCHRUN.format(n=2)} benchmarks/bucket_overhead.py", 600),
     "traced_step": (f"{TORCHRUN.format(n=2)} -m recipes.traced_step --out docs/generated", 300),
+    "cp_ring": (f"{TORCHRUN.format(n=4)} -m recipes.cp_ring --out docs/generated", 300),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")

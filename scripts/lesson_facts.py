@@ -88,6 +88,29 @@ def tp_vs_ddp_bytes_cells() -> list[Fact]:
         cell(f"DDP's formula at b = {b}", str(b), "DDP formula", f"{ddp / 2**10:.3g}"))]
 
 
+def cp_vs_tp_bytes_cells() -> list[Fact]:
+    """DDP's, CP's and TP's bytes by formula at every sequence length (the lessons job runs at N = 2)."""
+    from minidist import cp
+    from minidist.models.gpt import GPT
+    from minidist.tp import cost as tp_cost
+    from recipes.lessons import cp_vs_tp_bytes as les
+    cfg, n = les.config(small=False), 2
+    ddp = 2 * sum(p.numel() for p in GPT(cfg).parameters()) * 4 * (n - 1) / n
+    return [cell(f"{what}'s formula at s = {s}", str(s), col, f"{value / 2**10:.3g}")
+            for s in les.lengths(small=False)
+            for what, col, value in (("DDP", "DDP formula", ddp), ("CP", "CP formula", ddp + cp.cost.step_bytes(cfg, 1, s, n)),
+                                     ("TP", "TP formula", tp_cost.step_bytes(cfg, 1, s, n)))]
+
+
+def zigzag_balance_cells() -> list[Fact]:
+    """The tiles each rank computes under each layout (the lessons job runs at N = 2)."""
+    from minidist.cp import Chunking
+    from recipes.lessons import zigzag_balance as les
+    s = les.sizes(small=False)[0]
+    return [cell(f"rank {r}'s {c.value} tiles", str(r), f"{c.value} tiles", str(les.tiles(s, 2, r, c)))
+            for r in range(2) for c in Chunking]
+
+
 _LESSON_CLOCK = {
     "bucket_sweep": "the ms columns (first launch, best step)",
     "rs_ag_is_all_reduce": "",
@@ -100,14 +123,20 @@ _LESSON_CLOCK = {
     "tp_vs_ddp_bytes": "",
     "sequence_parallel": "",
     "fsdp_x_tp": "",
+    "cp_vs_tp_bytes": "",
+    "cp_memory": "",
+    "zigzag_balance": "the ms columns and the busy-time ratios in the claim",
 }
 _LESSON_CELLS = {"bucket_sweep": bucket_sweep_cells, "fsdp_vs_ddp_bytes": fsdp_vs_ddp_bytes_cells,
-                 "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells}
+                 "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells,
+                 "cp_vs_tp_bytes": cp_vs_tp_bytes_cells, "zigzag_balance": zigzag_balance_cells}
 _LESSON_STRUCTURE = {
     "bucket_sweep": "the claim's wording; the bucket layout at each cap",
     "fsdp_vs_ddp_bytes": "the claim's wording; the traced bytes of every engine, phase and call type",
     "no_sync": "the claim's wording; how many micro-batches each engine reduces under each form",
     "tp_vs_ddp_bytes": "the claim's wording; TP's and DDP's bytes by formula at every batch size",
+    "cp_vs_tp_bytes": "the claim's wording; DDP's, CP's and TP's bytes by formula at every sequence length",
+    "zigzag_balance": "the claim's wording; the tiles each rank computes under each layout",
 }
 LESSON_MEASURED = {
     "bucket_sweep": "layers left",
@@ -121,6 +150,9 @@ LESSON_MEASURED = {
     "tp_vs_ddp_bytes": "the kernel's byte counts and the crossing",
     "sequence_parallel": "the kernel's byte counts and the norms' and dropouts' activations (MemTracker)",
     "fsdp_x_tp": "the kernel's byte counts, the formulas (FSDP's padded units), parameters and peaks (MemTracker)",
+    "cp_vs_tp_bytes": "the kernel's byte counts and the crossing",
+    "cp_memory": "the kept activations and the peaks (MemTracker)",
+    "zigzag_balance": "nothing else",
 }
 """Decided by the code but measured at full size only when the snippet is generated (checked, at small
 size and at N = 2 and 4, by the lesson's own claim in tests/recipes/test_lessons.py)."""

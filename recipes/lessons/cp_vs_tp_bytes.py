@@ -110,7 +110,7 @@ def run(ctx: Context) -> None:
                      got["tp"][i] / 2**10, tp_cost.step_bytes(cfg, 1, s, n) / 2**10, got["cp"][i] / got["tp"][i]])
     ctx.say(f"GPT L = {L}, h = {h}, psi = {psi / 1e6:.3f}M parameters, N = {n}, one sequence of s tokens per step; "
             f"KiB each rank wrote in one forward + backward (kernel-counted, mean over ranks) beside the formulas")
-    ctx.table(["s", "DDP KiB", "formula", "CP KiB", "formula", "TP KiB", "formula", "CP / TP"], rows)
+    ctx.table(["s", "DDP KiB", "DDP formula", "CP KiB", "CP formula", "TP KiB", "TP formula", "CP / TP"], rows)
     deeper = sweep(config(ctx.small, 2 * L), ctx, seqs[-1:], ("ddp", "cp"))  # the ring at twice the layers, longest sequence
     ring_at = [got["cp"][-1] - got["ddp"][-1], deeper["cp"][0] - deeper["ddp"][0]]
     ring_formula = cp.cost.step_bytes(cfg, 1, seqs[-1], n)

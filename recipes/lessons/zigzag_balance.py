@@ -77,7 +77,7 @@ def run(ctx: Context) -> None:
     rows = [[r] + [x for c in Chunking for x in (times[c][r] * 1e3, pairs[c][r])] for r in range(n)]
     ctx.say(f"ring attention, forward + backward, one sequence of {s} tokens, {heads} heads of 32, N = {n}; "
             f"per rank: CPU ms of its own thread (least of {repeats}) and the tiles it computes")
-    ctx.table(["rank", "contiguous ms", "tiles", "zigzag ms", "tiles"], rows)
+    ctx.table(["rank", "contiguous ms", "contiguous tiles", "zigzag ms", "zigzag tiles"], rows)
 
     def imbalance(values):
         return max(values) / (sum(values) / len(values))
