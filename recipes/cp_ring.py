@@ -143,8 +143,8 @@ def draw(runs: dict[Chunking, list[dict]], path: Path) -> Path:
         ax.set_title(f"{chunking.value} chunks: each step's compute (the number: whose keys; darker: more tiles), "
                      f"each message an arrow to its receiver", fontsize=8, loc="left")
         ax.tick_params(axis="x", labelsize=7)
-    axes[-1].set_xlabel("ms since the first message was posted (4 processes on 2 cores: times stretch, the order holds)",
-                        fontsize=7)
+    axes[-1].set_xlabel("ms since the first message was posted (4 processes on 2 cores: times stretch, "
+                        "the order holds)", fontsize=7)
     handles = [Patch(color=c, label=k if k in ("forward", "backward") else f"message: {k}") for k, c in colors.items()]
     axes[-1].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=7,
                     frameon=False)
@@ -152,6 +152,21 @@ def draw(runs: dict[Chunking, list[dict]], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def trace_both(rank: int, seq: int, out: Path) -> None:
+    """Every rank: both layouts traced; rank 0 prints them and draws the picture into `out`."""
+    runs = {}
+    for chunking in Chunking:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, traced(chunking, seq))
+        runs[chunking] = every
+        if rank == 0:
+            report(chunking, every, seq)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"timeline: {draw(runs, out / 'cp_ring.png')}")
+    dist.barrier()
 
 
 def main() -> None:
@@ -162,18 +177,7 @@ def main() -> None:
     try:
         with runtime.distributed("gloo", timeout_s=120) as topo:
             torch.set_num_threads(1)
-            runs = {}
-            for chunking in Chunking:
-                every = [None] * topo.world_size
-                dist.all_gather_object(every, traced(chunking, args.seq))
-                runs[chunking] = every
-                if topo.rank == 0:
-                    report(chunking, every, args.seq)
-            if topo.rank == 0:
-                out = Path(args.out)
-                out.mkdir(parents=True, exist_ok=True)
-                print(f"timeline: {draw(runs, out / 'cp_ring.png')}")
-            dist.barrier()
+            trace_both(topo.rank, args.seq, Path(args.out))
     except Exception as exc:  # noqa: BLE001 - one line per rank; MINIDIST_TRACEBACK=1 for the trace
         runtime.exit_on_error(exc)
     runtime.exit_process(0)

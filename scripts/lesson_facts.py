@@ -98,7 +98,8 @@ def cp_vs_tp_bytes_cells() -> list[Fact]:
     ddp = 2 * sum(p.numel() for p in GPT(cfg).parameters()) * 4 * (n - 1) / n
     return [cell(f"{what}'s formula at s = {s}", str(s), col, f"{value / 2**10:.3g}")
             for s in les.lengths(small=False)
-            for what, col, value in (("DDP", "DDP formula", ddp), ("CP", "CP formula", ddp + cp.cost.step_bytes(cfg, 1, s, n)),
+            for what, col, value in (("DDP", "DDP formula", ddp),
+                                     ("CP", "CP formula", ddp + cp.cost.step_bytes(cfg, 1, s, n)),
                                      ("TP", "TP formula", tp_cost.step_bytes(cfg, 1, s, n)))]
 
 

@@ -30,7 +30,8 @@ backward; plus the gradient reduction over cp that the data-parallel engine does
 
 from minidist.cp import cost
 from minidist.cp.all_gather import all_gather_attention
-from minidist.cp.chunks import Chunking, Visibility, chunk_ids, positions, shard_sequence, unshard_sequence, visibility, work
+from minidist.cp.chunks import (Chunking, Visibility, chunk_ids, positions, shard_sequence, unshard_sequence,
+                                visibility, work)
 from minidist.cp.online_softmax import attend_block, merge_
 from minidist.cp.plan import CPPolicy, ContextParallelAttention, Rotate, mean_value_over, parallelize_gpt, shard_batch
 from minidist.cp.ring import ring_attention

@@ -32,8 +32,8 @@ from minidist import DDP, cp
 from minidist.mesh import CP, TP
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.tp import cost as tp_cost, parallelize_gpt as tp_parallelize
-from recipes.lessons.common import Context, kernel_bytes, main_for
-from recipes.lessons.tp_vs_ddp_bytes import crossing
+from recipes.lessons.common import Context, main_for
+from recipes.lessons.tp_vs_ddp_bytes import crossing, measured
 
 TITLE = "Context parallelism: DDP's bytes plus a ring that grows with s and L; it crosses TP at s* = psi / (L h)"
 
@@ -50,19 +50,6 @@ def config(small: bool, n_layer: int | None = None) -> GPTConfig:
 
 def lengths(small: bool) -> list[int]:
     return [256, 512, 1024] if small else [256, 512, 1024, 2048]
-
-
-def step(model, x, y) -> None:
-    model(x, y)[1].backward()
-    for p in model.parameters():
-        p.grad = None
-
-
-def measured(model, x, y) -> float:
-    """Kernel bytes of one forward + backward, after two unmeasured ones (gloo's pairs, DDP's bucket rebuild)."""
-    for _ in range(2):
-        step(model, x, y)
-    return kernel_bytes(lambda: step(model, x, y))
 
 
 def engines(cfg: GPTConfig, n: int, names: tuple[str, ...]) -> dict:
@@ -111,7 +98,7 @@ def run(ctx: Context) -> None:
     ctx.say(f"GPT L = {L}, h = {h}, psi = {psi / 1e6:.3f}M parameters, N = {n}, one sequence of s tokens per step; "
             f"KiB each rank wrote in one forward + backward (kernel-counted, mean over ranks) beside the formulas")
     ctx.table(["s", "DDP KiB", "DDP formula", "CP KiB", "CP formula", "TP KiB", "TP formula", "CP / TP"], rows)
-    deeper = sweep(config(ctx.small, 2 * L), ctx, seqs[-1:], ("ddp", "cp"))  # the ring at twice the layers, longest sequence
+    deeper = sweep(config(ctx.small, 2 * L), ctx, seqs[-1:], ("ddp", "cp"))  # the ring at 2 L, the longest s
     ring_at = [got["cp"][-1] - got["ddp"][-1], deeper["cp"][0] - deeper["ddp"][0]]
     ring_formula = cp.cost.step_bytes(cfg, 1, seqs[-1], n)
     ctx.say(f"at s = {seqs[-1]}: CP - DDP (the ring) {ring_at[0] / 2**10:.1f} KiB at L = {L}, "

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import minidist
 from minidist import cp
-from minidist.cp import Chunking, CPPolicy, Rotate
+from minidist.cp import Chunking, CPPolicy
 from minidist.mesh import CP, DP_CP, TP, ParallelDims
 from minidist.models.gpt import GPT, Block, GPTConfig
 from minidist.sharding import cut
