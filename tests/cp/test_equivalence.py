@@ -42,10 +42,10 @@ def _train(model, data, rows=slice(None), cp_mesh=None, chunking=Chunking.ZIGZAG
     return losses
 
 
-def _reference(data, steps_seed: int = 0) -> tuple[GPT, list[float], GPT]:
+def _reference(data, **overrides) -> tuple[GPT, list[float], GPT]:
     """(the trained one-process model, its losses, an untrained copy of the same start)."""
-    torch.manual_seed(steps_seed)
-    ref = GPT(GPTConfig(**CFG))
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig(**{**CFG, **overrides}))
     start = copy.deepcopy(ref)
     return ref, _train(ref, data), start
 
@@ -59,12 +59,12 @@ def _assert_same(params: dict, ref: GPT, what: str) -> float:
     return worst
 
 
-def body_cp_equals_one_process() -> dict:
+def body_cp_equals_one_process(variants=VARIANTS, **overrides) -> dict:
     data = batches(3)
-    ref, ref_losses, start = _reference(data)
+    ref, ref_losses, start = _reference(data, **overrides)
     layout = ParallelDims.infer(dist.get_world_size(), cp=dist.get_world_size()).build("cpu")
     worst = {}
-    for rotate, chunking in VARIANTS:
+    for rotate, chunking in variants:
         model = cp.parallelize_gpt(copy.deepcopy(start), layout[CP], CPPolicy(chunking, rotate))
         model = minidist.DDP(model, device_mesh=layout[DP_CP])  # the gradients averaged over cp
         losses = _train(model, data, cp_mesh=layout[CP], chunking=chunking)
@@ -77,6 +77,11 @@ def body_cp_equals_one_process() -> dict:
 @pytest.mark.parametrize("world", [2, 4])
 def test_gpt_steps_at_cp_equal_one_process(run_dist, world):
     print(world, "max |parameter difference| after 3 steps:", run_dist(world, body_cp_equals_one_process)[0])
+
+
+def test_cp_with_activation_checkpointing_equals_one_process(run_dist):
+    """Recomputing a block in backward runs its ring forward again, inside the backward; the result is unchanged."""
+    run_dist(2, body_cp_equals_one_process, VARIANTS[:2], activation_checkpointing=True)
 
 
 def body_cp_rank_gradients_are_partial() -> float:
