@@ -5,11 +5,12 @@
     layout["dp"], layout["shard"]       # the 1-D mesh an engine spans, by name
     layout.dp_rank, layout.is_main      # which data shard is mine, am I the process that writes files
 
-Three kinds of dimension (torchtitan's ParallelDims, Megatron's groups):
+Four kinds of dimension (torchtitan's ParallelDims, Megatron's groups):
 
     replicate  data parallel, parameters copied (DDP's all_reduce, hybrid FSDP across replicas)
     shard      data parallel, parameters split (FSDP's all_gather and reduce_scatter)
     cp         context parallel: ranks hold different tokens of the same sequences, the same weights
+               (between data parallelism and tp: its ring runs every layer too; "dp_cp" flattens both)
     tp         tensor parallel: ranks hold slices of the same layers and read the same data
 
 A mesh lays the ranks out as an array, tp innermost (tp's collectives run every layer, so

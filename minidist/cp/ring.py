@@ -97,7 +97,8 @@ class RingAttention(torch.autograd.Function):
             blocks.backward(blocks.Pairs.of(n, r, (r - step) % n, chunking), dout, delta, q, lse, kv[0], kv[1],
                             dq, part[0], part[1])
             _wait(works)
-            passing = part if arriving is None else part.add_(arriving)
+            if step > 0:  # step 0's part is my own block's gradient: it stays in `mine`
+                passing = part if arriving is None else part.add_(arriving)
             kv = nxt
         if n > 1:  # the last block's gradient goes home: r+1 owns it
             home = torch.empty_like(kv)
