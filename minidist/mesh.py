@@ -5,10 +5,12 @@
     layout["dp"], layout["shard"]       # the 1-D mesh an engine spans, by name
     layout.dp_rank, layout.is_main      # which data shard is mine, am I the process that writes files
 
-Three kinds of dimension (torchtitan's ParallelDims, Megatron's groups):
+Four kinds of dimension (torchtitan's ParallelDims, Megatron's groups):
 
     replicate  data parallel, parameters copied (DDP's all_reduce, hybrid FSDP across replicas)
     shard      data parallel, parameters split (FSDP's all_gather and reduce_scatter)
+    cp         context parallel: ranks hold different tokens of the same sequences, the same weights
+               (between data parallelism and tp: its ring runs every layer too; "dp_cp" flattens both)
     tp         tensor parallel: ranks hold slices of the same layers and read the same data
     pp         pipeline parallel: ranks hold different layers (stages) and read the same data,
                outermost (its point-to-point messages are the cheapest: across nodes)
@@ -51,13 +53,20 @@ DP = "dp"
 """Data parallelism as one dimension (DDP, ZeRO, full_shard, ...), or the flattening of (replicate, shard)."""
 REPLICATE, SHARD = "replicate", "shard"
 """The two dimensions of hybrid sharding: across replicas, and within a shard group (FSDP2's order)."""
+CP = "cp"
+"""The context-parallel dimension: ranks that read the same sequences and keep different tokens of them
+(minidist.cp). They hold the same weights but see different tokens, so their gradients are reduced
+together with the data-parallel ones: over DP_CP."""
+DP_CP = "dp_cp"
+"""The data-parallel dimensions and cp flattened into one (torchtitan's dp_cp): what DDP and FSDP span
+under context parallelism. Without cp it is "dp"."""
 TP = "tp"
 """The tensor-parallel dimension: ranks that hold different slices of the same layers and see the same data."""
 DATA_PARALLEL_DIMS = (DP, REPLICATE, SHARD)
-"""Dimensions over which ranks see different data."""
+"""Dimensions over which ranks see different data (cp is not one: its ranks read the same rows)."""
 PP = "pp"
 """The pipeline dimension: ranks that hold different stages of the model (minidist.pp)."""
-DIM_ORDER = (PP, REPLICATE, SHARD, DP, TP)
+DIM_ORDER = (PP, REPLICATE, SHARD, DP, CP, TP)
 """Outermost first (torchtitan's order): the last dimension's ranks are consecutive."""
 
 # ------------------------------------------------------------------------------- degrees
@@ -71,7 +80,7 @@ def _processes(n: int) -> str:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """How many ranks along each dimension; pp x replicate x shard x tp is the world.
+    """How many ranks along each dimension; pp x replicate x shard x cp x tp is the world.
 
     hybrid: lay data parallelism out as two dimensions (replicate, shard) even where one
     of them is 1 (hybrid FSDP works over both); otherwise as one, "dp".
@@ -82,16 +91,17 @@ class ParallelDims:
     tp: int = 1
     hybrid: bool = False
     pp: int = 1
+    cp: int = 1
 
     @classmethod
-    def infer(cls, world_size: int, *, tp: int = 1, shard: int = 1, hybrid: bool = False, pp: int = 1,
+    def infer(cls, world_size: int, *, tp: int = 1, shard: int = 1, hybrid: bool = False, pp: int = 1, cp: int = 1,
               settings: dict[str, str] | None = None) -> ParallelDims:
         """The degrees for `world_size` ranks; shard=-1: every data-parallel rank shards (FSDP).
 
         A degree that does not fit is one line naming its setting (`settings` maps "tp", "pp" and
         "shard" to the user's names for them, e.g. "strategy.tp_size") and the valid values.
         """
-        name = {TP: TP, SHARD: SHARD, PP: PP} | (settings or {})
+        name = {TP: TP, SHARD: SHARD, PP: PP, CP: CP} | (settings or {})
         if tp < 1 or world_size % tp:
             raise ValueError(f"{name[TP]}={tp} must divide {_processes(world_size)}; "
                              f"valid: {_divisors(world_size)}")
@@ -99,12 +109,16 @@ class ParallelDims:
         if pp < 1 or left % pp:
             ranks = f"the {left} ranks ({world_size} processes{by})" if tp > 1 else _processes(world_size)
             raise ValueError(f"{name[PP]}={pp} must divide {ranks}; valid: {_divisors(left)}")
-        dp, by = left // pp, by + (f" / {name[PP]}={pp}" if pp > 1 else "")
+        left, by = left // pp, by + (f" / {name[PP]}={pp}" if pp > 1 else "")
+        if cp < 1 or left % cp:
+            ranks = f"the {left} ranks ({world_size} processes{by})" if by else _processes(world_size)
+            raise ValueError(f"{name[CP]}={cp} must divide {ranks}; valid: {_divisors(left)}")
+        dp, by = left // cp, by + (f" / {name[CP]}={cp}" if cp > 1 else "")
         shard = dp if shard == -1 else shard
         if shard < 1 or dp % shard:
             ranks = f"{dp} data-parallel ranks ({world_size} processes{by})" if by else _processes(world_size)[4:]
             raise ValueError(f"{name[SHARD]}={shard} must divide the {ranks}; valid: {_divisors(dp)}")
-        return cls(dp // shard, shard, tp, hybrid, pp)
+        return cls(dp // shard, shard, tp, hybrid, pp, cp)
 
     @property
     def dp(self) -> int:
@@ -113,23 +127,26 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The mesh's dimensions, outermost first (pp and tp only where they are > 1)."""
-        return ((PP,) if self.pp > 1 else ()) + ((REPLICATE, SHARD) if self.hybrid else (DP,)) + \
-            ((TP,) if self.tp > 1 else ())
+        """The mesh's dimensions, outermost first (pp, cp and tp only where they are > 1)."""
+        return (((PP,) if self.pp > 1 else ()) + ((REPLICATE, SHARD) if self.hybrid else (DP,))
+                + ((CP,) if self.cp > 1 else ()) + ((TP,) if self.tp > 1 else ()))
 
     @property
     def shape(self) -> tuple[int, ...]:
-        sizes = {PP: self.pp, REPLICATE: self.replicate, SHARD: self.shard, DP: self.dp, TP: self.tp}
+        sizes = {PP: self.pp, REPLICATE: self.replicate, SHARD: self.shard, DP: self.dp, CP: self.cp, TP: self.tp}
         return tuple(sizes[n] for n in self.names)
 
     def build(self, device_type: str) -> Layout:
-        """The DeviceMesh (a collective: every rank builds it) and, for hybrid, "dp" flattened."""
+        """The DeviceMesh (a collective: every rank builds it); for hybrid "dp" flattened, with cp "dp_cp"."""
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
-        flat = {DP: mesh[(REPLICATE, SHARD)]._flatten(DP)} if self.hybrid else {}
+        dp = (REPLICATE, SHARD) if self.hybrid else (DP,)
+        flat = {DP: mesh[dp]._flatten(DP)} if self.hybrid else {}
+        if self.cp > 1:
+            flat[DP_CP] = mesh[(*dp, CP)]._flatten(DP_CP)
         return Layout(mesh, flat)
 
 
@@ -148,6 +165,8 @@ class Layout:
         self.names: tuple[str, ...] = tuple(mesh.mesh_dim_names or (DP,))
         self._flat = dict(flattened or {})
         self._covers = {DP: tuple(n for n in self.names if n in (REPLICATE, SHARD))} if DP not in self.names else {}
+        if CP in self.names:
+            self._covers[DP_CP] = tuple(n for n in self.names if n in DATA_PARALLEL_DIMS + (CP,))
 
     # -- dimensions, by name -------------------------------------------------------------------
     @property
@@ -155,8 +174,11 @@ class Layout:
         return self.names
 
     def root_dims(self, name: str) -> tuple[str, ...]:
-        """The mesh dimensions `name` spans: itself, or (replicate, shard) for a flattened "dp";
-        () for a dimension this layout does not have (size 1: tp in a data-parallel job)."""
+        """The mesh dimensions `name` spans: itself, or (replicate, shard) for a flattened "dp", the
+        data-parallel ones and cp for "dp_cp" ("dp"'s without cp); () for a dimension this layout
+        does not have (size 1: tp in a data-parallel job)."""
+        if name == DP_CP and CP not in self.names:
+            return self.root_dims(DP)
         if name in self.names:
             return (name,)
         if name in self._covers:
@@ -169,6 +191,8 @@ class Layout:
         """The sub-mesh over `name` (a dimension, "dp", or a tuple of dimensions)."""
         if isinstance(name, str) and name in self._flat:
             return self._flat[name]
+        if name == DP_CP and CP not in self.names:  # without context parallelism: the data-parallel ranks
+            return self[DP]
         if isinstance(name, str) and self.root_dims(name) != (name,):
             raise ValueError(f"dimension {name!r} spans {self.root_dims(name)}: build the layout with "
                              f"ParallelDims.build() to have it flattened")
@@ -209,7 +233,7 @@ class Layout:
     @property
     def dp_rank(self) -> int:
         """Which data shard this rank reads: its coordinate along the data-parallel dimensions, row-major.
-        Ranks that differ only in tp or pp read the same data."""
+        Ranks that differ only in pp, cp or tp read the same data (cp ranks keep different tokens of it)."""
         rank, coord = 0, self.coordinate
         for n in self.dp_dims:
             rank = rank * self.size(n) + coord[n]

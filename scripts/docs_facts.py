@@ -224,6 +224,9 @@ def scale_numbers(part: str) -> Callable[[], list[Fact]]:
         from minidist.comm import nccl
         from minidist.memory import activations
         return [text(f"the {part} table", (nccl.table() if part == "nccl" else activations.table()).strip("\n"))]
+    return facts
+
+
 def pp_timeline() -> list[Fact]:
     """Every schedule's action lists at p = 4, m = 8 (what the pictures ran; their times are the clock's)."""
     from minidist import pp
@@ -240,6 +243,15 @@ def bench_pp(p: int, microbatches=(1, 2, 4, 8, 16), names: tuple[str, ...] | Non
                      f"{pp.cost.bubble(name, p, m, bench.virtual(name)):.3f}")
                 for name in names or bench.TORCH for m in microbatches if name != "interleaved_1f1b" or m % p == 0]
     return facts
+
+
+def cp_ring() -> list[Fact]:
+    """The tiles each rank of the traced ring computes at each step, as minidist.cp.blocks plans them
+    (the job's 4 ranks, its default sequence of 2048 tokens)."""
+    from minidist.cp import Chunking
+    from recipes import cp_ring as ring
+    return [text(f"{c.value}: the tiles per rank and step", ring.tile_table(ring.planned_tiles(c, 4, 2048)))
+            for c in Chunking]
 
 
 # code quoted from the package --------------------------------------------------
@@ -316,6 +328,9 @@ def registry() -> dict[str, Snippet]:
     snippets.update({job: Snippet(job, "the formula column", "every time, measured bubble and ratio", facts)
                      for job, facts in (("bench_pp", bench_pp(4)), ("bench_pp_2", bench_pp(2)),
                                         ("bench_pp_long", bench_pp(4, (8,), ("gpipe", "1f1b"))))})
+    snippets["cp_ring"] = Snippet("cp_ring", "the tiles each rank computes at each step",
+                                  "the messages and busy times (from the run's trace and clock); the picture beside "
+                                  "it, docs/generated/cp_ring.png, is redrawn with it", cp_ring)
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job not in ("code", "strategies") and not any(s.job == job for s in snippets.values()):

@@ -73,6 +73,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_pp_2": (f"{TORCHRUN.format(n=2)} benchmarks/pp_vs_torch.py", 900),
     "bench_pp_long": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py --microbatches 8 --forward-ms 80 "
                       f"--schedules gpipe 1f1b", 600),
+    "cp_ring": (f"{TORCHRUN.format(n=4)} -m recipes.cp_ring --out docs/generated", 300),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")

@@ -88,6 +88,30 @@ def pp_bubble_cells() -> list[Fact]:
             for n, v, mb in rows]
 
 
+def cp_vs_tp_bytes_cells() -> list[Fact]:
+    """DDP's, CP's and TP's bytes by formula at every sequence length (the lessons job runs at N = 2)."""
+    from minidist import cp
+    from minidist.models.gpt import GPT
+    from minidist.tp import cost as tp_cost
+    from recipes.lessons import cp_vs_tp_bytes as les
+    cfg, n = les.config(small=False), 2
+    ddp = 2 * sum(p.numel() for p in GPT(cfg).parameters()) * 4 * (n - 1) / n
+    return [cell(f"{what}'s formula at s = {s}", str(s), col, f"{value / 2**10:.3g}")
+            for s in les.lengths(small=False)
+            for what, col, value in (("DDP", "DDP formula", ddp),
+                                     ("CP", "CP formula", ddp + cp.cost.step_bytes(cfg, 1, s, n)),
+                                     ("TP", "TP formula", tp_cost.step_bytes(cfg, 1, s, n)))]
+
+
+def zigzag_balance_cells() -> list[Fact]:
+    """The tiles each rank computes under each layout (the lessons job runs at N = 2)."""
+    from minidist.cp import Chunking
+    from recipes.lessons import zigzag_balance as les
+    s = les.sizes(small=False)[0]
+    return [cell(f"rank {r}'s {c.value} tiles", str(r), f"{c.value} tiles", str(les.tiles(s, 2, r, c)))
+            for r in range(2) for c in Chunking]
+
+
 _LESSON_CLOCK = {
     "bucket_sweep": "alpha, beta, T and everything computed from them (b*, the caps, the buckets, the formula and "
                     "measured ms, the claim's ms)",
@@ -104,16 +128,22 @@ _LESSON_CLOCK = {
     "pp_bubble": "the step times and the measured bubbles",
     "pp_memory": "",
     "pp_vs_dp_tp_bytes": "",
+    "cp_vs_tp_bytes": "",
+    "cp_memory": "",
+    "zigzag_balance": "the ms columns and the busy-time ratios in the claim",
 }
 _LESSON_CELLS = {"fsdp_vs_ddp_bytes": fsdp_vs_ddp_bytes_cells,
                  "no_sync": no_sync_cells, "tp_vs_ddp_bytes": tp_vs_ddp_bytes_cells,
-                 "sequence_parallel": sequence_parallel_cells, "pp_bubble": pp_bubble_cells}
+                 "sequence_parallel": sequence_parallel_cells, "pp_bubble": pp_bubble_cells,
+                 "cp_vs_tp_bytes": cp_vs_tp_bytes_cells, "zigzag_balance": zigzag_balance_cells}
 _LESSON_STRUCTURE = {
     "fsdp_vs_ddp_bytes": "the claim's wording; the traced bytes of every engine, phase and call type",
     "no_sync": "the claim's wording; how many micro-batches each engine reduces under each form",
     "tp_vs_ddp_bytes": "the claim's wording; TP's and DDP's bytes by formula at every batch size",
     "sequence_parallel": "the claim's wording; each plan's bytes by formula",
     "pp_bubble": "the claim's wording; every schedule's bubble by formula",
+    "cp_vs_tp_bytes": "the claim's wording; DDP's, CP's and TP's bytes by formula at every sequence length",
+    "zigzag_balance": "the claim's wording; the tiles each rank computes under each layout",
 }
 LESSON_MEASURED = {
     "bucket_sweep": "layers left",
@@ -130,6 +160,9 @@ LESSON_MEASURED = {
     "pp_bubble": "the simulated lists against the formulas",
     "pp_memory": "the activations held (MemTracker) and the action lists' counts",
     "pp_vs_dp_tp_bytes": "the kernel's byte counts and the formulas",
+    "cp_vs_tp_bytes": "the kernel's byte counts and the crossing",
+    "cp_memory": "the kept activations and the peaks (MemTracker)",
+    "zigzag_balance": "nothing else",
 }
 """Decided by the code but measured at full size only when the snippet is generated (checked, at small
 size and at N = 2 and 4, by the lesson's own claim in tests/recipes/test_lessons.py)."""

@@ -145,3 +145,42 @@ def test_a_pipeline_degree_that_does_not_fit_names_its_setting():
                             "strategy.tp_size=2 / strategy.pp_size=2); valid: 1, 2")
     dims = ParallelDims.infer(8, tp=2, pp=2)
     assert (dims.pp, dims.dp, dims.world_size, dims.names) == (2, 2, 8, ("pp", "dp", "tp"))
+
+
+def _cp_layout() -> dict:
+    from minidist.mesh import CP, DP, DP_CP, ParallelDims
+    runtime.init("gloo")
+    out = {}
+    for label, dims in (("dp x cp", ParallelDims.infer(4, cp=2)), ("cp x tp", ParallelDims.infer(4, cp=2, tp=2)),
+                        ("hybrid x cp", ParallelDims.infer(4, cp=2, shard=2, hybrid=True))):
+        layout = dims.build("cpu")
+        out[label] = {"names": layout.names, "dp": (layout.dp_rank, layout.dp_size),
+                      "cp_group": dist.get_process_group_ranks(layout[CP].get_group()),
+                      "dp_group": dist.get_process_group_ranks(layout[DP].get_group()),
+                      "dp_cp_group": dist.get_process_group_ranks(layout[DP_CP].get_group()),
+                      "grad_sum": layout.all_reduce(torch.ones(1), over=(DP_CP,)).item()}
+    plain = ParallelDims.infer(4).build("cpu")  # without cp, "dp_cp" is the data-parallel ranks
+    out["no cp"] = dist.get_process_group_ranks(plain[DP_CP].get_group())
+    return out
+
+
+def test_cp_sits_between_data_parallelism_and_tp_world4(run_dist):
+    for r, g in enumerate(run_dist(4, _cp_layout)):
+        cp = g["dp x cp"]  # cp ranks read the same rows: dp_rank ignores cp
+        assert cp["names"] == ("dp", "cp") and cp["dp"] == (r // 2, 2)
+        assert cp["cp_group"] == [r - r % 2, r - r % 2 + 1] and cp["dp_group"] == [r % 2, r % 2 + 2]
+        assert cp["dp_cp_group"] == [0, 1, 2, 3] and cp["grad_sum"] == 4  # gradients reduced over dp and cp
+        both = g["cp x tp"]
+        assert both["names"] == ("dp", "cp", "tp") and both["dp"] == (0, 1)
+        assert both["cp_group"] == both["dp_cp_group"] == [r % 2, r % 2 + 2] and both["grad_sum"] == 2
+        hybrid = g["hybrid x cp"]
+        assert hybrid["names"] == ("replicate", "shard", "cp") and hybrid["dp_cp_group"] == [0, 1, 2, 3]
+        assert g["no cp"] == [0, 1, 2, 3]
+
+
+def test_a_cp_degree_that_does_not_fit_is_one_line():
+    from minidist.mesh import ParallelDims
+    with pytest.raises(ValueError) as e:
+        ParallelDims.infer(8, tp=2, cp=3, settings={"cp": "strategy.cp_size", "tp": "strategy.tp_size"})
+    assert str(e.value) == "strategy.cp_size=3 must divide the 4 ranks (8 processes / strategy.tp_size=2); valid: 1, 2, 4"
+    assert ParallelDims.infer(8, tp=2, cp=2).shape == (2, 2, 2)

@@ -22,5 +22,8 @@ LESSONS = (
     "pp_bubble",
     "pp_memory",
     "pp_vs_dp_tp_bytes",
+    "cp_vs_tp_bytes",
+    "cp_memory",
+    "zigzag_balance",
 )
 """Module names under recipes.lessons, in reading order."""
