@@ -21,6 +21,7 @@ passes allow_warnings=True.
 from __future__ import annotations
 
 import datetime
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -54,6 +55,7 @@ def _worker_main(rank: int, world_size: int, store_path: str, tasks, results) ->
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=WORKER_PG_TIMEOUT_S))
+    gc.freeze()  # what is imported so far lives for good: gc.collect() in a body skips it (0.17 s -> ms)
     results.put((rank, ("ready", None), []))
     while True:
         task = tasks.get()
