@@ -1,14 +1,17 @@
-"""The tour under real torchrun prints the lesson's values, grouped by rank, once, and never aborts at exit.
+"""The tour prints the lesson's values, grouped by rank, once, and never aborts at exit.
 
-The abort it used to end with ("terminate called without an active exception", exit -6, in about
-one run in eight with this small payload) came from the interpreter's teardown racing gloo's worker
-thread (minidist.runtime.exit_process). Each run here also loads a sitecustomize whose atexit hook
-says when a process reaches that teardown: the tour must end every rank through runtime.exit_process,
-so it never does. That check is deterministic (it failed on every run of the tour before the fix);
-the runs themselves (worlds 1 to 3: six process exits, each of which used to abort about one time
-in sixteen) are the statistical one.
+Its acts run in the harness's pooled worlds of 1, 2 and 3 (what each rank sees, as rank 0 prints it);
+one real torchrun of the script at world 2 checks the command line end to end: the values, the traced
+act, no warning, and the exit. The abort it used to end with ("terminate called without an active
+exception", exit -6, in about one run in eight with this small payload) came from the interpreter's
+teardown racing gloo's worker thread (minidist.runtime.exit_process). The run here also loads a
+sitecustomize whose atexit hook says when a process reaches that teardown: the tour must end every
+rank through runtime.exit_process, so it never does. That check is deterministic (it failed on every
+run of the tour before the fix).
 """
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -26,13 +29,25 @@ def _tour(n: int, tmp_path: Path) -> str:
     (tmp_path / "sitecustomize.py").write_text(HOOK)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     tour = [str(ROOT / "recipes" / "collectives_tour.py"), "--numel", "4096", "--backend", "gloo"]
-    cmd = [sys.executable, *tour] if n == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *tour]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *tour]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "terminate called" not in out.stderr and TEARDOWN not in out.stderr, out.stderr
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr
     return out.stdout
+
+
+def _acts() -> str:
+    """Acts one to three of the tour on this pooled world; what rank 0 printed."""
+    import torch.distributed as dist
+
+    from minidist.recipes import collectives_tour as tour
+    out, text = tour.Transcript(dist.get_rank(), dist.get_world_size()), io.StringIO()
+    with contextlib.redirect_stdout(text):
+        for act, title in ((tour.act_one, "one"), (tour.act_two, "two"), (tour.act_three, "three")):
+            act(out)
+            out.flush(title)
+    return text.getvalue()
 
 
 def _value(stdout: str, rank: int, label: str) -> str:
@@ -42,9 +57,7 @@ def _value(stdout: str, rank: int, label: str) -> str:
     return hits[0]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_tour_values(n, tmp_path):
-    out = _tour(n, tmp_path)
+def _check_values(out: str, n: int) -> None:
     assert _value(out, 0, "before broadcast") == "[0]"
     for r in range(n):
         assert _value(out, r, "after broadcast(src=0)") == "[0]"
@@ -53,7 +66,6 @@ def test_tour_values(n, tmp_path):
         assert _value(out, r, "scatter from 0") == f"[{11.0 * r}]"
     assert _value(out, 0, "reduce SUM to dst=0") == f"[{float(sum(range(1, n + 1)))}]"
     assert _value(out, 0, "gather to 0") == str([r + 0.5 for r in range(n)])
-    assert "ring ms" in out and "reduce_scatter" in out
     if n == 1:
         return
     assert _value(out, 1, "before broadcast") == "[100]"
@@ -66,3 +78,14 @@ def test_tour_values(n, tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("rank ")]
     first_act = lines[: lines.index(next(x for x in lines if "scatter from 0" in x))]
     assert [int(x.split()[1]) for x in first_act] == sorted(int(x.split()[1]) for x in first_act)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_tour_values(run_dist, n):
+    _check_values(run_dist(n, _acts)[0], n)
+
+
+def test_tour_under_torchrun(tmp_path):
+    out = _tour(2, tmp_path)
+    _check_values(out, 2)
+    assert "ring ms" in out and "reduce_scatter" in out  # act four: traced calls against the cost model
