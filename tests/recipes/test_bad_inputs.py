@@ -85,8 +85,8 @@ def test_compare_takes_hydras_flags(capsys):
     assert OmegaConf.create(capsys.readouterr().out).steps == 3
 
 
-def _run(cmd, **kw):
-    return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240, **kw)
+def _run(cmd, env=ENV):
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 
 def test_world_one_is_one_line_and_exit_64(tmp_path):
@@ -98,13 +98,15 @@ def test_world_one_is_one_line_and_exit_64(tmp_path):
 
 
 def test_launcher_checks_before_any_worker_starts(tmp_path):
-    """minidist.recipes.torchrun (make train, launch/*.sh): the line, exit 64, no torchrun traceback."""
-    p = _run([sys.executable, "-m", "minidist.recipes.torchrun", "--standalone", "--nproc_per_node=2",
-              "-m", "recipes.train", "strategy=hybrid_shard", "strategy.shard_size=3", f"out_dir={tmp_path}"])
+    """minidist.recipes.torchrun (make train, launch/*.sh), here as launch/local.sh starts it (NPROC=2
+    processes, the run directory under OUT): the line, exit 64, no torchrun traceback."""
+    p = _run(["bash", str(REPO / "launch/local.sh"), "strategy=hybrid_shard", "strategy.shard_size=3"],
+             env=ENV | {"NPROC": "2", "OUT": str(tmp_path), "RUN": "bad", "PYTHON": sys.executable})
     assert p.returncode == EXIT_USAGE, p.stderr
     assert p.stderr.splitlines() == ["error: ConfigError: strategy.shard_size=3 does not divide the 2 ranks of this "
                                      "job: hybrid_shard needs a (world / shard) x shard mesh; valid sizes: 1, 2; "
                                      "null = the processes per node (2)"], p.stderr
+    assert not list(tmp_path.iterdir())  # no run directory
 
 
 def test_refusal_under_torchrun_is_printed_once_and_leaves_the_run_alone(tmp_path):
