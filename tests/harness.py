@@ -25,6 +25,8 @@ import gc
 import multiprocessing as mp
 import os
 import queue
+import signal
+import subprocess
 import tempfile
 import time
 import traceback
@@ -216,3 +218,19 @@ class PoolManager:
             if not pool.broken:
                 pool.close()
         self._pools.clear()
+
+
+def run_command(cmd: list, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True) for launchers (torchrun, shell scripts): in a
+    session of its own, so that a run past `timeout` is killed with every process it started (killing
+    torchrun alone leaves its workers running), and the test fails with the output it had so far."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise DistTestError(f"{' '.join(map(str, cmd))[:300]} did not finish within {timeout:.0f}s\n"
+                            f"--- stdout:\n{out[-3000:]}\n--- stderr:\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

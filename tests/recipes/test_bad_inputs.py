@@ -3,7 +3,6 @@ printed once at world 1 and under torchrun, the run's files untouched; a sweep's
 the first runs. Composition is checked in process; three subprocesses check what a user sees."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from minidist.recipes.train import _check_jobs
 from minidist.runtime import EXIT_USAGE
 from minidist.train.compose import ConfigError, compose_config
 from minidist.train.run_dir import Action, decide
+from tests.harness import run_command
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="default")
@@ -86,7 +86,7 @@ def test_compare_takes_hydras_flags(capsys):
 
 
 def _run(cmd, env=ENV):
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    return run_command(cmd, timeout=240, cwd=REPO, env=env)
 
 
 def test_world_one_is_one_line_and_exit_64(tmp_path):

@@ -13,11 +13,12 @@ run of the tour before the fix).
 import contextlib
 import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.harness import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 TEARDOWN = "interpreter teardown reached"
@@ -30,7 +31,7 @@ def _tour(n: int, tmp_path: Path) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     tour = [str(ROOT / "recipes" / "collectives_tour.py"), "--numel", "4096", "--backend", "gloo"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *tour]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = run_command(cmd, timeout=180, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "terminate called" not in out.stderr and TEARDOWN not in out.stderr, out.stderr
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr

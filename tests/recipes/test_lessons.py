@@ -7,13 +7,13 @@ titles and exit status."""
 import contextlib
 import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from recipes.lessons import LESSONS
+from tests.harness import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,8 +65,7 @@ def test_the_lesson_runner_under_torchrun():
     names = ["gloo_reduce_scatter", "rs_ag_is_all_reduce"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "recipes.lessons", *names, "--small"]
-    out = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                         timeout=240, cwd=ROOT)
+    out = run_command(cmd, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr
     titles = [line.split(":")[0] for line in out.stdout.splitlines() if line.startswith("== lesson ")]

@@ -6,7 +6,6 @@ full_shard's model.pt loads into the plain GPT whole (minidist.models.load), equ
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import minidist
 from minidist import runtime
 from minidist.train import compose_config, train
 from minidist.train.metrics import read_metrics
+from tests.harness import run_command
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["experiment=gpt_tiny", "trainer.steps=8", "trainer.log_interval=4", "trainer.eval_interval=0",
@@ -35,8 +35,7 @@ def test_a_sweep_over_dp2_x_tp2_under_torchrun_ends_where_ddp_ends(run_dist, tmp
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m",
            "recipes.train", "--multirun", f"strategy={','.join(STRATEGIES)}", "strategy.tp_size=2", *RUN,
            f"hydra.sweep.dir={sweep_dir}"]
-    p = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=300)
+    p = run_command(cmd, timeout=300, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "Warning" not in p.stderr and "Traceback" not in p.stderr, p.stderr
     # the sweep: printed by the main process only, every job recorded
