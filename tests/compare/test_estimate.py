@@ -4,7 +4,6 @@ tests/compare/test_measure.py)."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -12,7 +11,6 @@ from minidist.compare.estimate import estimate_memory, held, model_state_bytes
 from minidist.compare.profile import profile_step
 from minidist.ddp import footprint as ddp_footprint
 from minidist.ddp.bucket import ReducerPolicy
-
 
 
 def test_zero_paper_figure_1_from_the_command_line(capsys):
