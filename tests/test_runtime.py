@@ -10,16 +10,24 @@ from minidist import runtime
 
 SCRIPT = """
 import torch, minidist
+import torch.distributed as dist
 from minidist import comm
+try:
+    with minidist.runtime.distributed():
+        raise KeyError("x")
+except KeyError:
+    print("initialized after an exception:", dist.is_initialized())
 with minidist.runtime.distributed(backend="auto", timeout_s=30) as topo:
     t = torch.tensor([5.0])
     with comm.trace() as tr:
         comm.all_reduce(t)
         comm.all_gather(torch.empty(1), torch.tensor([2.0]))
     print(topo.rank, topo.world_size, topo.backend, topo.device, t.item(), tr.sent_bytes)
-import torch.distributed as dist
 print("initialized after exit:", dist.is_initialized())
-minidist.runtime.exit_process(0)  # a script that ran gloo ends so (the interpreter's teardown can abort)
+try:
+    minidist.runtime.resolve_backend("mpi")
+except Exception as e:
+    minidist.runtime.exit_on_error(e)  # a script that ran gloo ends through exit_process (teardown can abort)
 """
 
 
@@ -29,26 +37,15 @@ def _clean_env():
     return env
 
 
-def test_world_of_one_without_torchrun():
+def test_world_of_one_without_torchrun_and_an_error_in_one_line():
+    """One plain process (no torchrun): the process group is destroyed when the body raises; a world of one
+    runs collectives on gloo and is gone after the block; exit_on_error prints one line and exits 1. Nothing
+    else reaches stderr (no warnings)."""
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=_clean_env(), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["0 1 gloo cpu 5.0 0", "initialized after exit: False"]
-    assert out.stderr == ""  # no warnings
-
-
-def test_process_group_destroyed_on_exception():
-    script = "import minidist, torch.distributed as dist\ntry:\n" \
-             "    with minidist.runtime.distributed(): raise KeyError('x')\nexcept KeyError: print(dist.is_initialized())"
-    out = subprocess.run([sys.executable, "-c", script], env=_clean_env(), capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "False", out.stderr
-
-
-def test_exit_on_error_prints_one_line():
-    script = "import minidist\ntry:\n    minidist.runtime.resolve_backend('mpi')\nexcept Exception as e:\n" \
-             "    minidist.runtime.exit_on_error(e)"
-    out = subprocess.run([sys.executable, "-c", script], env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert out.stdout.splitlines() == ["initialized after an exception: False", "0 1 gloo cpu 5.0 0",
+                                       "initialized after exit: False"], out.stdout + out.stderr
     assert out.returncode == 1
-    assert out.stderr.strip().splitlines() == ["error: ValueError: backend must be one of ('auto', 'gloo', 'nccl'), got 'mpi'"]
+    assert out.stderr.splitlines() == ["error: ValueError: backend must be one of ('auto', 'gloo', 'nccl'), got 'mpi'"]
 
 
 def test_backend_resolution():

@@ -17,6 +17,7 @@ samples consumed) is all a checkpoint needs to continue it, at any world size.
 from __future__ import annotations
 
 import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,7 @@ def stdlib_files(max_bytes: int) -> list[tuple[str, bytes]]:
     that would overflow the cap is skipped; smaller later ones may still fit.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
-    rels = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
-                  if not (set(p.relative_to(root).parts[:-1]) & _SKIP_DIRS))
+    rels = sorted(_python_files(root))
     rels.sort(key=_path_hash)
     if TOPICS in rels and (root / TOPICS).stat().st_size <= max_bytes // 2:
         rels.remove(TOPICS)
@@ -58,6 +58,18 @@ def stdlib_files(max_bytes: int) -> list[tuple[str, bytes]]:
     if not out:
         raise RuntimeError(f"no standard-library source fits data.max_bytes={max_bytes} under {root}")
     return out
+
+
+def _python_files(root: Path) -> list[str]:
+    """Relative paths of the .py files under root, outside _SKIP_DIRS. os.walk prunes a skipped
+    directory instead of listing it (site-packages and test/ are most of the tree): 2 ms, not the
+    0.4-0.8 s of Path.rglob, which every training run paid again (the suite starts dozens)."""
+    found = []
+    for folder, dirs, files in os.walk(root):  # symlinked directories are not entered, as rglob's
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
+        rel = Path(folder).relative_to(root).as_posix()
+        found += [name if rel == "." else f"{rel}/{name}" for name in files if name.endswith(".py")]
+    return found
 
 
 def is_validation(relpath: str, val_percent: int) -> bool:

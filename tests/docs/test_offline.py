@@ -11,11 +11,7 @@ page with a diagram must load the vendored copy, which must be the file SOURCE.t
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import shutil
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -78,17 +74,9 @@ def external_fetches(site: Path) -> list[str]:
     return bad
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
-    if mkdocs is None:
-        pytest.skip("mkdocs is not installed in this environment (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    p = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return out
+@pytest.fixture
+def site(built_site) -> Path:
+    return built_site  # tests/docs/conftest.py: built once per session
 
 
 def test_no_page_or_stylesheet_fetches_from_another_host(site):

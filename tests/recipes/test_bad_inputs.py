@@ -3,7 +3,6 @@ printed once at world 1 and under torchrun, the run's files untouched; a sweep's
 the first runs. Composition is checked in process; three subprocesses check what a user sees."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from minidist.recipes.train import _check_jobs
 from minidist.runtime import EXIT_USAGE
 from minidist.cli.compose import ConfigError, compose_config
 from minidist.train.run_dir import Action, decide
+from tests.harness import run_command
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="default")
@@ -95,8 +95,8 @@ def test_compare_takes_hydras_flags(capsys):
     assert OmegaConf.create(capsys.readouterr().out).steps == 3
 
 
-def _run(cmd, **kw):
-    return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240, **kw)
+def _run(cmd, env=ENV):
+    return run_command(cmd, timeout=240, cwd=REPO, env=env)
 
 
 def test_world_one_is_one_line_and_exit_64(tmp_path):
@@ -108,13 +108,15 @@ def test_world_one_is_one_line_and_exit_64(tmp_path):
 
 
 def test_launcher_checks_before_any_worker_starts(tmp_path):
-    """minidist.recipes.torchrun (make train, launch/*.sh): the line, exit 64, no torchrun traceback."""
-    p = _run([sys.executable, "-m", "minidist.recipes.torchrun", "--standalone", "--nproc_per_node=2",
-              "-m", "recipes.train", "strategy=hybrid_shard", "strategy.shard_size=3", f"out_dir={tmp_path}"])
+    """minidist.recipes.torchrun (make train, launch/*.sh), here as launch/local.sh starts it (NPROC=2
+    processes, the run directory under OUT): the line, exit 64, no torchrun traceback."""
+    p = _run(["bash", str(REPO / "launch/local.sh"), "strategy=hybrid_shard", "strategy.shard_size=3"],
+             env=ENV | {"NPROC": "2", "OUT": str(tmp_path), "RUN": "bad", "PYTHON": sys.executable})
     assert p.returncode == EXIT_USAGE, p.stderr
     assert p.stderr.splitlines() == ["error: ConfigError: strategy.shard_size=3 does not divide the 2 ranks of this "
                                      "job: hybrid_shard needs a (world / shard) x shard mesh; valid sizes: 1, 2; "
                                      "null = the processes per node (2)"], p.stderr
+    assert not list(tmp_path.iterdir())  # no run directory
 
 
 def test_refusal_under_torchrun_is_printed_once_and_leaves_the_run_alone(tmp_path):

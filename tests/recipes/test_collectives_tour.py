@@ -1,20 +1,24 @@
-"""The tour under real torchrun prints the lesson's values, grouped by rank, once, and never aborts at exit.
+"""The tour prints the lesson's values, grouped by rank, once, and never aborts at exit.
 
-The abort it used to end with ("terminate called without an active exception", exit -6, in about
-one run in eight with this small payload) came from the interpreter's teardown racing gloo's worker
-thread (minidist.runtime.exit_process). Each run here also loads a sitecustomize whose atexit hook
-says when a process reaches that teardown: the tour must end every rank through runtime.exit_process,
-so it never does. That check is deterministic (it failed on every run of the tour before the fix);
-the runs themselves (worlds 1 to 3: six process exits, each of which used to abort about one time
-in sixteen) are the statistical one.
+Its acts run in the harness's pooled worlds of 1, 2 and 3 (what each rank sees, as rank 0 prints it);
+one real torchrun of the script at world 2 checks the command line end to end: the values, the traced
+act, no warning, and the exit. The abort it used to end with ("terminate called without an active
+exception", exit -6, in about one run in eight with this small payload) came from the interpreter's
+teardown racing gloo's worker thread (minidist.runtime.exit_process). The run here also loads a
+sitecustomize whose atexit hook says when a process reaches that teardown: the tour must end every
+rank through runtime.exit_process, so it never does. That check is deterministic (it failed on every
+run of the tour before the fix).
 """
 
+import contextlib
+import io
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.harness import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 TEARDOWN = "interpreter teardown reached"
@@ -26,13 +30,25 @@ def _tour(n: int, tmp_path: Path) -> str:
     (tmp_path / "sitecustomize.py").write_text(HOOK)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     tour = [str(ROOT / "recipes" / "collectives_tour.py"), "--numel", "4096", "--backend", "gloo"]
-    cmd = [sys.executable, *tour] if n == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *tour]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *tour]
+    out = run_command(cmd, timeout=180, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "terminate called" not in out.stderr and TEARDOWN not in out.stderr, out.stderr
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr
     return out.stdout
+
+
+def _acts() -> str:
+    """Acts one to three of the tour on this pooled world; what rank 0 printed."""
+    import torch.distributed as dist
+
+    from minidist.recipes import collectives_tour as tour
+    out, text = tour.Transcript(dist.get_rank(), dist.get_world_size()), io.StringIO()
+    with contextlib.redirect_stdout(text):
+        for act, title in ((tour.act_one, "one"), (tour.act_two, "two"), (tour.act_three, "three")):
+            act(out)
+            out.flush(title)
+    return text.getvalue()
 
 
 def _value(stdout: str, rank: int, label: str) -> str:
@@ -42,9 +58,7 @@ def _value(stdout: str, rank: int, label: str) -> str:
     return hits[0]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_tour_values(n, tmp_path):
-    out = _tour(n, tmp_path)
+def _check_values(out: str, n: int) -> None:
     assert _value(out, 0, "before broadcast") == "[0]"
     for r in range(n):
         assert _value(out, r, "after broadcast(src=0)") == "[0]"
@@ -53,11 +67,9 @@ def test_tour_values(n, tmp_path):
         assert _value(out, r, "scatter from 0") == f"[{11.0 * r}]"
     assert _value(out, 0, "reduce SUM to dst=0") == f"[{float(sum(range(1, n + 1)))}]"
     assert _value(out, 0, "gather to 0") == str([r + 0.5 for r in range(n)])
-    assert "ring ms" in out and "reduce_scatter" in out
-    if n == 1:  # no link to calibrate: said so, not "alpha = 0.0 us (inf GB/s)"
-        assert "== cost: no link at N = 1" in out and "inf" not in out, out
+    if n == 1:
         return
-    assert " GB/s), N = " in out
+        return
     assert _value(out, 1, "before broadcast") == "[100]"
     # off the destination the tensor holds whatever the backend left: rank 1's own 2.0 at world 2
     # (at world 3 gloo leaves a partial sum there), flagged either way
@@ -68,8 +80,42 @@ def test_tour_values(n, tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("rank ")]
     first_act = lines[: lines.index(next(x for x in lines if "scatter from 0" in x))]
     assert [int(x.split()[1]) for x in first_act] == sorted(int(x.split()[1]) for x in first_act)
-    # the cost act: alpha and beta with their errors, fitted at sizes other than the traced one (4096 floats)
+
+
+
+def _cost_act(out: str) -> None:
+    """Act four as the script prints it at world 2: alpha and beta with their errors, fitted at sizes other than
+    the traced one (4096 floats), and the traced calls against the cost model."""
+    assert "ring ms" in out and "reduce_scatter" in out and "GB/s); fit residual" in out, out
     assert "+-" in out and "at a size the fit did not see" in out
     assert next(x for x in out.splitlines() if x.startswith("all_reduce of ")).count("predicted") == 1
     fitted = next(x for x in out.splitlines() if x.startswith("fitted on all_reduce of "))
     assert "16 KiB," not in fitted
+
+
+def _alone() -> str:
+    """Act four in a world of one: what rank 0 printed."""
+    import torch.distributed as dist
+
+    from minidist.recipes import collectives_tour as tour
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        tour.act_four(tour.Transcript(dist.get_rank(), dist.get_world_size()), 4096)
+    return text.getvalue()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_tour_values(run_dist, n):
+    _check_values(run_dist(n, _acts)[0], n)
+
+
+def test_a_world_of_one_has_no_link_to_calibrate(run_dist):
+    """No link: said so, not "alpha = 0.0 us (inf GB/s)"."""
+    out = run_dist(1, _alone)[0]
+    assert "== cost: no link at N = 1" in out and "inf" not in out, out
+
+
+def test_tour_under_torchrun(tmp_path):
+    out = _tour(2, tmp_path)
+    _check_values(out, 2)
+    _cost_act(out)

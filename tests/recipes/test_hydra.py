@@ -1,11 +1,6 @@
-"""Hydra's command line as Hydra users know it: --help, --cfg, --info, one-line mistakes, and a
---multirun sweep at world 2 under torchrun (every rank runs the same jobs; the main process writes)."""
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+"""Hydra's command line as Hydra users know it: --help, --cfg, --info, one-line mistakes, a sweep's order.
+A --multirun sweep under torchrun (every rank runs the same jobs; the main process writes) is launched
+once, at 4 processes, by tests/recipes/test_tp_recipe.py."""
 
 import pytest
 from hydra._internal.utils import get_args_parser
@@ -13,10 +8,6 @@ from omegaconf import OmegaConf
 
 from minidist.recipes.train import _check_jobs, main
 from minidist.cli.compose import ConfigError
-from minidist.train.metrics import read_metrics
-
-REPO = Path(__file__).resolve().parents[2]
-TINY = ["experiment=gpt_tiny", "trainer.steps=4", "trainer.log_interval=2", "data.max_bytes=100000"]
 
 
 def _info(capsys, *argv) -> str:
@@ -73,26 +64,3 @@ def test_a_sweep_expands_in_hydras_order():
     cfgs = _check_jobs(get_args_parser().parse_args(["-m", "strategy=ddp,full_shard", "model.n_layer=1,2"]))
     assert [(c.strategy.name, c.model.n_layer) for c in cfgs] == [("ddp", 1), ("ddp", 2), ("full_shard", 1),
                                                                   ("full_shard", 2)]
-
-
-def test_multirun_sweep_at_world_2(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "recipes.train", "--multirun", "strategy=ddp,full_shard", *TINY, f"hydra.sweep.dir={sweep_dir}"]
-    p = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "Warning" not in p.stderr and "Traceback" not in p.stderr, p.stderr
-    assert p.stdout.count("Launching 2 jobs") == 1 and p.stdout.count("final ") == 2, p.stdout  # main only
-    summary = [json.loads(line) for line in (sweep_dir / "summary.jsonl").read_text().splitlines()]
-    assert [(r["job"], r["overrides"], r["status"]) for r in summary] == \
-        [(0, "strategy=ddp", "done"), (1, "strategy=full_shard", "done")]
-    assert f"sweep {sweep_dir}: 2 of 2 jobs ran, 2 succeeded" in p.stdout
-    assert abs(summary[0]["val/loss"] - summary[1]["val/loss"]) < 2e-3  # the same training, two engines
-    assert (sweep_dir / "multirun.yaml").is_file()
-    for job, strategy in enumerate(["ddp", "full_shard"]):
-        run = sweep_dir / str(job)
-        assert OmegaConf.load(run / ".hydra" / "config.yaml").strategy.name == strategy
-        assert f"strategy={strategy}" in OmegaConf.load(run / ".hydra" / "overrides.yaml")
-        assert OmegaConf.load(run / ".hydra" / "hydra.yaml").hydra.job.num == job
-        assert (run / "model.pt").is_file() and read_metrics(run / "metrics.jsonl")[-1]["step"] == 4

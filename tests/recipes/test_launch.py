@@ -1,6 +1,7 @@
-"""The recipe as users launch it: torchrun with a crash and a restart, two rendezvous agents
-(multi-node on one machine), and one plain process whose error is a single line. Each
-subprocess has a timeout; models are tiny."""
+"""The recipe as users launch it: two rendezvous agents (multi-node on one machine) running to the end,
+and a SLURM job whose crashed worker torchrun restarts and which is then preempted and requeued. Each
+subprocess has a timeout; models are tiny. launch/local.sh's command line is checked, without starting
+a worker, by tests/recipes/test_bad_inputs.py."""
 
 import contextlib
 import io
@@ -32,93 +33,60 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start(cmd, cwd, env, out: Path, err: Path) -> subprocess.Popen:
+    """A launcher in a session of its own, so that _end can take its workers down with it."""
+    with open(out, "w") as fo, open(err, "w") as fe:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=fo, stderr=fe, start_new_session=True)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill whatever the launcher left running (killing a shell or torchrun alone orphans the workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
 def _noise(stderr: str) -> list[str]:
     """Lines that would be a warning or a traceback in normal use."""
     return [ln for ln in stderr.splitlines()
             if "Warning" in ln or "Traceback" in ln or ln.startswith("wandb:")]
 
 
-def test_crashed_worker_restarts_from_checkpoint_and_finishes(tmp_path):
-    # Exactly one restart allowed: the restarted attempt must rendezvous on its first try
-    # (minidist.runtime prefixes the store keys per attempt; see _restart_safe_store).
-    env = ENV | {"NPROC": "2", "MAX_RESTARTS": "1", "RUN": "crash", "CKPT_INTERVAL": "4",
-                 "ENTRY": "tests.recipes.crashing_train", "CRASH_AT_STEP": "7"}
-    p = subprocess.run(["bash", str(REPO / "launch/local.sh"), *TINY, f"out_dir={tmp_path}", "logger.mode=offline"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    run = tmp_path / "crash"
-    assert "Connection refused" not in p.stderr, p.stderr
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert (run / "crash_injected").exists()
-    assert "injected crash before step 7" in p.stderr and "resumed from step 4" in p.stdout, p.stdout + p.stderr
-    rows = read_metrics(run / "metrics.jsonl")
-    assert rows[-1]["step"] == 12 and "final/loss" in rows[-1]
-    assert {r["step"] for r in rows if "train/loss" in r} >= {2, 4, 6, 8, 10, 12}
-    assert any("comm/all_reduce_bytes" in r for r in rows)  # the traced step's collectives
-    assert (run / "curves.png").stat().st_size > 0 and (run / ".hydra" / "config.yaml").exists()
-    assert list((run / "wandb").glob("offline-run-*")), "wandb (offline) writes inside the run dir"
-    assert not _noise(p.stderr.replace("injected crash", "")), _noise(p.stderr)
-
-
-def test_two_agents_rendezvous_as_two_nodes(tmp_path):
+def test_two_agents_rendezvous_as_two_nodes_and_the_run_finishes(tmp_path):
     env = ENV | {"NNODES": "2", "NPROC": "1", "MASTER": f"127.0.0.1:{_free_port()}", "RUN": "twonode"}
-    cmd = ["bash", str(REPO / "launch/multinode.sh"), *TINY, f"out_dir={tmp_path}"]
+    cmd = ["bash", str(REPO / "launch/multinode.sh"), *TINY, f"out_dir={tmp_path}", "logger.mode=offline"]
     # Output goes to files, not pipes: c10d hands rank 0 (the chatty one) to either agent, and a
     # pipe nobody reads while we wait on the other agent fills up and blocks it mid-run.
     logs = [(tmp_path / f"agent{n}.out", tmp_path / f"agent{n}.err") for n in range(2)]
-    procs = []
-    for n, (out, err) in enumerate(logs):
-        with open(out, "w") as fo, open(err, "w") as fe:
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env | {"NODE_RANK": str(n)}, stdout=fo, stderr=fe))
+    procs = [_start(cmd, REPO, env | {"NODE_RANK": str(n)}, out, err) for n, (out, err) in enumerate(logs)]
     try:
         for proc in procs:
             proc.wait(timeout=240)
     finally:
         for proc in procs:
-            proc.kill()
+            _end(proc)
     outs = [(out.read_text(), err.read_text()) for out, err in logs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
-    rows = read_metrics(tmp_path / "twonode" / "metrics.jsonl")
+    run = tmp_path / "twonode"
+    rows = read_metrics(run / "metrics.jsonl")
     assert rows[-1]["step"] == 12 and rows[-1]["final/loss"] < rows[0]["train/loss"]
+    assert {r["step"] for r in rows if "train/loss" in r} >= {2, 4, 6, 8, 10, 12}
+    assert any("comm/all_reduce_bytes" in r for r in rows)  # the traced step's collectives
     assert "final" in outs[0][0] + outs[1][0]
+    assert (run / "curves.png").stat().st_size > 0 and (run / ".hydra" / "config.yaml").exists()
+    assert list((run / "wandb").glob("offline-run-*")), "wandb (offline) writes inside the run dir"
+    assert not _noise(outs[0][1] + outs[1][1]), outs
 
 
-def test_plain_process_error_is_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "recipes.train", "model=resnet18", "strategy=single", "data=cifar10", f"data.root={tmp_path}", "data.download=false", f"out_dir={tmp_path}"],
-                       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 1
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and "data.root" in lines[0] and "data.download" in lines[0], p.stderr
-
-
-def test_sigterm_checkpoints_and_exits_for_requeue(tmp_path):
-    import signal
-    import time
-    cmd = [sys.executable, "-m", "recipes.train", "experiment=gpt_tiny", "strategy=single", "trainer.steps=100000",
-           "trainer.log_interval=1", "data.max_bytes=200000", f"out_dir={tmp_path}", "name=pre", "logger.mode=disabled"]
-    with open(tmp_path / "out", "w") as fo, open(tmp_path / "err", "w") as fe:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=fo, stderr=fe)
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "pre" / "metrics.jsonl").exists() or not (tmp_path / "pre" / "metrics.jsonl").read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, "the run never logged a step"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)  # what SLURM or a cloud scheduler sends before the kill
-        assert proc.wait(timeout=60) == 75  # EXIT_PREEMPTED: requeue me
-    finally:
-        proc.kill()
-    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    step = int((tmp_path / "pre" / "PREEMPTED").read_text())
-    assert f"preempted (SIGTERM) after step {step}, checkpoint saved" in out, out + err
-    assert (tmp_path / "pre" / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
-    assert not _noise(err), err
-
-
-def test_slurm_script_requeues_a_preempted_torchrun_job(tmp_path):
-    """launch/slurm.sbatch as SLURM runs it, with srun and scontrol stood in for: the time-limit SIGTERM
-    reaches the script, torchrun forwards it, the workers checkpoint and exit 75, torchrun (through
-    minidist.recipes.torchrun) exits 75 without a traceback, and the script requeues the job."""
-    import signal
-    import time
+def test_slurm_job_restarts_a_crashed_worker_then_requeues_when_preempted(tmp_path):
+    """launch/slurm.sbatch as SLURM runs it, with srun and scontrol stood in for. The main process crashes
+    before step 4 (tests.recipes.crashing_train; a callback, so after step 3 and before its checkpoint would
+    be written): torchrun restarts both workers, which rendezvous on their first try (minidist.runtime
+    prefixes the store keys per attempt; see _restart_safe_store) and resume from the step-2 checkpoint. Then the time-limit SIGTERM reaches the script, torchrun forwards it, the
+    workers checkpoint and exit 75, torchrun (through minidist.recipes.torchrun) exits 75 without a
+    traceback, and the script requeues the job."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
@@ -128,27 +96,37 @@ def test_slurm_script_requeues_a_preempted_torchrun_job(tmp_path):
         f.chmod(0o755)
     env = ENV | {"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO), "NPROC": "2",
                  "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "RUN": "pre",
-                 "SLURM_SUBMIT_DIR": str(tmp_path), "PORT": str(_free_port()), "SCONTROL_LOG": str(tmp_path / "sc")}
+                 "SLURM_SUBMIT_DIR": str(tmp_path), "PORT": str(_free_port()), "SCONTROL_LOG": str(tmp_path / "sc"),
+                 "MAX_RESTARTS": "1", "CKPT_INTERVAL": "2", "ENTRY": "tests.recipes.crashing_train",
+                 "CRASH_AT_STEP": "4"}
     cmd = ["bash", str(REPO / "launch/slurm.sbatch"), "experiment=gpt_tiny", "trainer.steps=100000",
            "trainer.log_interval=1", "data.max_bytes=200000", f"out_dir={tmp_path}", "logger.mode=disabled"]
     run = tmp_path / "pre"
-    with open(tmp_path / "out", "w") as fo, open(tmp_path / "err", "w") as fe:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=fo, stderr=fe)
+
+    def resumed_and_stepping() -> bool:  # the restarted attempt resumed and logged a step after the crash
+        metrics = run / "metrics.jsonl"
+        return ("resumed from step 2" in (tmp_path / "out").read_text() and metrics.exists()
+                and max((r["step"] for r in read_metrics(metrics)), default=0) >= 4)
+
+    proc = _start(cmd, tmp_path, env, tmp_path / "out", tmp_path / "err")
     try:
         deadline = time.monotonic() + 180
-        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+        while not resumed_and_stepping():
             assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "err").read_text()
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)  # --signal=B:TERM@120: SLURM signals the batch shell
         assert proc.wait(timeout=120) == 0
     finally:
-        proc.kill()
+        _end(proc)
     out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    assert "preempted (checkpoint saved); requeueing job 4242" in out, out + err
-    assert (tmp_path / "sc").read_text().split() == ["requeue", "4242"]
+    assert "Connection refused" not in err, err
+    assert (run / "crash_injected").exists() and "injected crash before step 4" in err, out + err
     step = int((run / "PREEMPTED").read_text())
+    assert step >= 4 and f"preempted (SIGTERM) after step {step}, checkpoint saved" in out, out + err
+    assert "preempted (checkpoint saved); requeueing job 4242" in out, out + err  # the workers exited 75
+    assert (tmp_path / "sc").read_text().split() == ["requeue", "4242"]
     assert (run / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
-    assert not _noise(err), err
+    assert not _noise(err.replace("injected crash", "")), _noise(err)
 
 
 def _resume_and_uninterrupted(out: str, resume: list[str], overrides: list[str]) -> tuple | None:

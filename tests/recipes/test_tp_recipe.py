@@ -1,24 +1,28 @@
-"""The recipe with tensor parallelism, as users launch it: twenty steps of experiment=gpt_tiny under
-torchrun at 4 processes, full_shard over dp 2 x tp 2, end at the validation loss of 2-process DDP with
-the same global batch and seed (within 1e-3 relative), and leave a model.pt that loads into the plain
-GPT whole (minidist.models.load), equal to DDP's final weights."""
+"""The recipe with tensor parallelism, as users launch it, in one torchrun at 4 processes that also checks
+Hydra's --multirun under torchrun: a sweep of two jobs of experiment=gpt_tiny over dp 2 x tp 2, ddp then
+full_shard. Every rank runs the same jobs and only the main process writes; both jobs end at the
+validation loss of 2-process DDP without TP on the same global batch and seed (within 1e-3 relative), and
+full_shard's model.pt loads into the plain GPT whole (minidist.models.load), equal to DDP's final weights."""
 
+import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 import minidist
 from minidist import runtime
 from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.metrics import read_metrics
+from tests.harness import run_command
 
 REPO = Path(__file__).resolve().parents[2]
-RUN = ["experiment=gpt_tiny", "trainer.steps=20", "trainer.eval_interval=0", "trainer.ckpt_interval=0",
-       "data.max_bytes=200000", "trainer.sample_bytes=16"]
+RUN = ["experiment=gpt_tiny", "trainer.steps=8", "trainer.log_interval=4", "trainer.eval_interval=0",
+       "trainer.ckpt_interval=0", "data.max_bytes=200000", "trainer.sample_bytes=16"]
+STRATEGIES = ["ddp", "full_shard"]
 
 
 def _ddp_reference(out: str) -> dict:
@@ -27,22 +31,38 @@ def _ddp_reference(out: str) -> dict:
     return {"val": result.get("val/loss"), "state": result.get("model_state")}
 
 
-def test_full_shard_over_dp2_x_tp2_ends_where_ddp_ends(run_dist, tmp_path):
+def test_a_sweep_over_dp2_x_tp2_under_torchrun_ends_where_ddp_ends(run_dist, tmp_path):
+    sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m",
-           "recipes.train", *RUN, "strategy=full_shard", "strategy.tp_size=2", f"out_dir={tmp_path}", "name=tp"]
-    p = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=300)
+           "recipes.train", "--multirun", f"strategy={','.join(STRATEGIES)}", "strategy.tp_size=2", *RUN,
+           f"hydra.sweep.dir={sweep_dir}"]
+    p = run_command(cmd, timeout=300, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "Warning" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+    # the sweep: printed by the main process only, every job recorded
+    assert p.stdout.count("Launching 2 jobs") == 1 and p.stdout.count("final ") == 2, p.stdout
+    summary = [json.loads(line) for line in (sweep_dir / "summary.jsonl").read_text().splitlines()]
+    assert [(r["job"], r["overrides"], r["status"]) for r in summary] == \
+        [(0, "strategy=ddp", "done"), (1, "strategy=full_shard", "done")]
+    assert f"sweep {sweep_dir}: 2 of 2 jobs ran, 2 succeeded" in p.stdout
+    assert (sweep_dir / "multirun.yaml").is_file()
+    for job, strategy in enumerate(STRATEGIES):
+        run = sweep_dir / str(job)
+        config = OmegaConf.load(run / ".hydra" / "config.yaml")
+        assert config.strategy.name == strategy and config.strategy.tp_size == 2
+        assert f"strategy={strategy}" in OmegaConf.load(run / ".hydra" / "overrides.yaml")
+        assert OmegaConf.load(run / ".hydra" / "hydra.yaml").hydra.job.num == job
+        assert (run / "model.pt").is_file() and read_metrics(run / "metrics.jsonl")[-1]["step"] == 8
+    # both jobs end where DDP without TP ends
     ddp = run_dist(2, _ddp_reference, str(tmp_path), timeout=240)[0]
-    final = read_metrics(tmp_path / "tp" / "metrics.jsonl")[-1]
+    for r in summary:
+        assert abs(r["val/loss"] - ddp["val"]) <= 1e-3 * ddp["val"], (r, ddp["val"])
+    final = read_metrics(sweep_dir / "1" / "metrics.jsonl")[-1]
     assert abs(final["final/loss"] - ddp["val"]) <= 1e-3 * ddp["val"], (final["final/loss"], ddp["val"])
-    config = (tmp_path / "tp" / ".hydra" / "config.yaml").read_text()
-    assert "tp_size: 2" in config and "name: full_shard" in config
-    model = minidist.models.load(tmp_path / "tp")  # no process group: the whole GPT
+    model = minidist.models.load(sweep_dir / "1")  # no process group: the whole GPT
     assert isinstance(model, minidist.models.GPT) and model.blocks[0].attn.qkv.weight.shape == (96, 32)
     worst = max((v - ddp["state"][k]).abs().max().item() for k, v in model.state_dict().items())
     assert worst < 1e-3, worst  # q|k|v assembled block by block: a mix-up would differ by the weights themselves
-    assert "sample:" in p.stdout  # the trainer's own sample, from the whole model
+    assert p.stdout.count("sample:") == 2  # the trainer's own sample, from the whole model
     with torch.no_grad():
         assert model.generate(torch.tensor([list(b"def ")]), 4).shape == (1, 8)
