@@ -49,12 +49,13 @@ is computed in fp32 either way (the log-softmax, b s V x 4; vocabulary-parallel:
 
 Around the layers: the positions (s int64), the final norm (as ln_1), the head's input (s b h, whole
 under TP and SP alike), the logits (b s V x e, / t vocabulary-parallel) the forward returns, the
-loss. Pipeline (pp) and context (cp) parallelism are refused until minidist runs them.
+loss. Pipeline (pp) and context (cp) parallelism: _staged(), by formula until the trainer runs them.
 Checked against torch's profiler allocation events at small scale: tests/memory/test_activations.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from minidist.precision import RunPrecision
@@ -123,7 +124,7 @@ def activation_bytes(shape: GPTShape, precision: RunPrecision | str = "fp32", pa
     """The module docstring's formulas for one rank of a training forward; `device`: which attention kernel runs."""
     precision = RunPrecision(precision) if isinstance(precision, str) else precision
     if par.pp > 1 or par.cp > 1:
-        raise ValueError("pipeline and context parallelism are not modelled yet (minidist does not run them)")
+        return _staged(shape, precision, par, device, compute_params)
     if par.recompute not in ("none", "full", "selective"):
         raise ValueError(f"recompute must be none, full or selective, got {par.recompute!r}")
     e = precision.compute_bytes
@@ -139,6 +140,23 @@ def activation_bytes(shape: GPTShape, precision: RunPrecision | str = "fp32", pa
         per_layer, transient = full, 0.0
     return Activations(per_layer, shape.layers, _embedding(shape, par, r), _head(shape, par, e, r), _loss(shape, par),
                        0.0 if compute_params else _autocast_copies(shape, par), transient, tuple(items))
+
+
+def _staged(shape: GPTShape, precision: RunPrecision, par: Parallelism, device: str, compute_params: bool) -> Activations:
+    """Pipeline and context parallelism, by formula (not yet checked against the profiler: the trainer runs
+    neither). cp: every rank keeps its s / cp tokens of each tensor (ring attention keeps its own q, k, v,
+    output and logsumexp; the blocks it receives are transient). pp under 1F1B: the first stage holds
+    min(m, p) = p micro-batches of its L / p layers (L layers' worth of one micro-batch) and the embedding;
+    the last stage one micro-batch of its layers, the head and the loss: the larger of the two."""
+    if shape.seq % par.cp or shape.layers % par.pp:
+        raise ValueError(f"cp {par.cp} must divide the sequence {shape.seq} and pp {par.pp} the layers {shape.layers}")
+    local = dataclasses.replace(shape, seq=shape.seq // par.cp, layers=shape.layers // par.pp)
+    one = activation_bytes(local, precision, dataclasses.replace(par, pp=1, cp=1), device=device,
+                           compute_params=compute_params)
+    first = dataclasses.replace(one, layers=local.layers * par.pp, head=0.0, loss=0.0)
+    if par.pp == 1:
+        return one
+    return max(first, dataclasses.replace(one, embedding=0.0), key=lambda a: a.total)
 
 
 def _autocast_copies(shape: GPTShape, par: Parallelism) -> float:

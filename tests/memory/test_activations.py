@@ -5,6 +5,7 @@ tensor parallelism with and without sequence and vocabulary parallelism at world
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
@@ -113,5 +114,12 @@ def test_the_papers_layer_and_minidists_differ_where_the_docstring_says():
     assert korthikanti(shape, Parallelism(tp=8, sequence_parallel=True)) == pytest.approx(sbh * (34 + 80) / 8)
     full = activation_bytes(shape, "bf16", Parallelism(recompute="full"))
     assert full.per_layer == 2 * sbh + 5056 and full.recompute_transient == mine.per_layer
-    with pytest.raises(ValueError, match="pipeline"):
+    four = dataclasses.replace(shape, layers=4)  # 1F1B's first stage: p micro-batches of L / p layers
+    one, staged = activation_bytes(dataclasses.replace(four, layers=2), "bf16"), activation_bytes(four, "bf16",
+                                                                                              Parallelism(pp=2))
+    first, last = 4 * one.per_layer + one.embedding, 2 * one.per_layer + one.head + one.loss  # p = 2 in flight
+    assert staged.total == pytest.approx(max(first, last))
+    assert activation_bytes(four, "bf16", Parallelism(cp=2)).per_layer == pytest.approx(
+        activation_bytes(dataclasses.replace(four, seq=1024), "bf16").per_layer)
+    with pytest.raises(ValueError, match="must divide"):
         activation_bytes(shape, "bf16", Parallelism(pp=2))

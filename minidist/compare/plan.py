@@ -1,0 +1,315 @@
+"""The layout planner: which dp x tp x pp x cp layouts of a GPT fit a cluster, ranked by projected step time.
+
+    rows = plan(GPTModel.of_params(7.5e9, layers=32), Hardware("h100", nodes=16), global_batch=512, seq=4096)
+    print(table(rows))                       # python -m recipes.compare --plan plan.params=7.5e9 plan.nodes=16
+
+Every number comes from the one place that owns it:
+
+  memory     the strategy record's model states (zero_stage: ZeRO's (p + g + K) psi family at the run's
+             precision), its engine's buffers instant by instant (the record's held(), minidist.footprint),
+             activations by formula (minidist.memory.activations: Korthikanti et al. 2022 for minidist's
+             GPT, with TP, SP, recompute, 1F1B's in-flight micro-batches, CP's s / cp); the peak of three
+             instants (memory()); checked against torch's allocator at 4 processes in tests/compare/test_plan.py
+  comm       the record's calls for one step (minidist.compare.analytic.plan, TP's from minidist.tp.cost),
+             each priced as NCCL would run it (minidist.compare.pricing: nccl.predict), with buckets
+             sized by pricing.bucket_bytes; exposed after overlap as the projection's rule says (forward
+             calls behind forward compute, backward calls behind the backward they can overlap, ZeRO's
+             exchange after the step and TP's behind nothing)
+  bubble     1F1B's (p-1)/(m+p-1) (minidist.pp.cost.bubble), m = micro-batches per replica
+  cp         the ring's bytes per layer (minidist.cp.cost.layer_bytes) over NVLink (or the NIC beyond a
+             node), hidden behind each ring step's attention block where that is longer
+  compute    model FLOPs 6 psi + 6 L s h per token (causal attention: half of 12 L s h), x 4/3 with
+             full recompute, at the precision's dense peak (minidist.precision.PEAK_FLOPS) times
+             `efficiency` (the share of peak the kernels reach; stated in every table)
+  MFU        model FLOPs per GPU / (step time x peak).
+
+Gradient accumulation: a replica's B / dp sequences run as m micro-batches of `micro_batch`; data
+parallelism reduces once per step (behind the last micro-batch's backward), FSDP (zero_stage 3)
+gathers and reduces every micro-batch. Not modelled: TP's and CP's compute inefficiency at small
+slices, pipeline stages' unequal layers (the root's embedding and head sit on one stage), NVLS/SHARP
+in-network reduction, overlap of TP's calls (Megatron's), interleaved schedules.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import types
+from dataclasses import dataclass, replace
+
+from minidist import strategies
+from minidist.comm.nccl_graphs import HopperNode
+from minidist.compare import pricing
+from minidist.compare.analytic import TensorParallel, plan as plan_calls
+from minidist.cp.cost import layer_bytes
+from minidist.footprint import OptimizerModel
+from minidist.memory.activations import GPTShape, Parallelism, activation_bytes
+from minidist.pp.cost import bubble as pp_bubble
+from minidist.precision import RunPrecision
+from minidist.shape import ModelShape
+from minidist.strategies import Wire
+
+GB = 1e9
+DEVICE_GB = {"h100": 80.0, "h200": 141.0, "a100": 80.0}
+STRATEGIES = ("ddp", "zero1", "zero2", "full_shard", "hybrid_shard")
+ROLES = ("parameters", "gradients", "optimizer", "buffers", "activations")
+
+
+@dataclass(frozen=True)
+class GPTModel:
+    """minidist's GPT by its shape: L blocks of width h (12 h^2 + 13 h parameters each), a tied V x h
+    embedding, learned positions for `seq` tokens and the final norm (the root unit)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int = 50304
+
+    @classmethod
+    def of_params(cls, psi: float, layers: int, heads: int | None = None, vocab: int = 50304) -> "GPTModel":
+        """The GPT of about psi parameters with `layers` blocks: h = sqrt(psi / 12 L), rounded to 128."""
+        h = max(128, round(math.sqrt(psi / (12 * layers)) / 128) * 128)
+        return cls(layers, h, heads or h // 128, vocab)
+
+    @classmethod
+    def of_config(cls, cfg) -> "GPTModel":
+        return cls(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size)
+
+    def psi(self, seq: int) -> int:
+        return self.layers * self.block() + self.root(seq)
+
+    def block(self, tp: int = 1) -> int:
+        return (12 * self.hidden ** 2 + 13 * self.hidden) // tp
+
+    def root(self, seq: int, tp: int = 1, vocab_parallel: bool = False) -> int:
+        return self.vocab * self.hidden // (tp if vocab_parallel else 1) + seq * self.hidden + 2 * self.hidden
+
+    def shape(self, seq: int, tp: int, pp: int, vocab_parallel: bool, itemsize: int) -> ModelShape:
+        """One rank's slice as FSDP units: the root, then the stage's L / pp blocks."""
+        units = (self.root(seq, tp, vocab_parallel),) + (self.block(tp),) * (self.layers // pp)
+        return ModelShape(tuple((u,) for u in units), units, tuple(range(len(units))), itemsize)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A cluster: `nodes` of `gpus_per_node` GPUs of one type, a NIC of nic_Gbps per GPU (NCCL's model of an
+    HGX node: minidist.comm.nccl_graphs.HopperNode; an A100's NVLink taken as Hopper's)."""
+
+    gpu: str = "h100"
+    gpus_per_node: int = 8
+    nodes: int = 1
+    nic_Gbps: float = 400.0
+    memory_GB: float | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def device_GB(self) -> float:
+        return self.memory_GB or DEVICE_GB[self.gpu]
+
+    def node(self) -> HopperNode:
+        return HopperNode(name=self.gpu, gpus=self.gpus_per_node, nic_GBps=self.nic_Gbps / 8)
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    strategy: str = "ddp"
+    recompute: str = "none"
+    micro_batch: int = 1
+    """Sequences per micro-batch on each replica."""
+
+    @property
+    def name(self) -> str:
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {self.strategy}"
+                f"{' +recompute' if self.recompute != 'none' else ''} mb{self.micro_batch}")
+
+
+def _engine(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, hw: Hardware):
+    """(record, its config with the bucket rule's size, the data-parallel ranks, the state group, rank shape)."""
+    record = strategies.get(lay.strategy)
+    world = lay.dp * lay.cp  # cp ranks hold the same weights: their gradients are reduced with dp's
+    fields = {"bucket_cap_mb": pricing.bucket_bytes(hw.node(), world) / pricing.MIB} \
+        if "bucket_cap_mb" in record.preset() else {}
+    cfg = record.preset(**fields)
+    group = record.state_group(cfg, world, max(1, hw.gpus_per_node // (lay.tp * lay.cp)))
+    shape = model.shape(seq, lay.tp, lay.pp, lay.tp > 1, precision.compute_bytes)
+    return record, cfg, world, group, shape
+
+
+def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str, hw: Hardware = Hardware(),
+           device: str = "cuda", optimizer: str = "adamw") -> dict[str, float]:
+    """Peak bytes per GPU by role (ROLES, and "total", "where"): the most of three instants.
+
+    backward's start   states (no gradients yet) + the engine's holdings before its first gradient
+                       + every activation + the loss's fp32 gradient (b s V / t)
+    after the head     the engine's first bucket allocated, the head's and loss's saved tensors freed
+    optimizer          states + gradients + the engine's buffers and the optimizer's temporaries
+    States: the record's (p, g, K of the precision) over its state group; the engine's transient
+    holdings from its footprint (held()) at the compute dtype; activations minidist.memory's formula."""
+    p = RunPrecision(precision) if isinstance(precision, str) else precision
+    record, cfg, world, group, shape = _engine(model, lay, seq, p, hw)
+    e = p.compute_bytes
+    states = record.model_state_bytes(shape.psi, group, e, e, p.optimizer_bytes)
+    rows = record.held(shape, cfg, world, group, optimizer=OptimizerModel(optimizer, device),
+                       backend="nccl" if device == "cuda" else "gloo", device_type=device)
+    sp = vp = lay.tp > 1
+    acts = activation_bytes(GPTShape(lay.micro_batch, seq, model.hidden, model.heads, model.layers, model.vocab), p,
+                            Parallelism(lay.tp, sp, vp, lay.recompute, lay.pp, lay.cp))
+    loss_grad = lay.micro_batch * seq // lay.cp * model.vocab / lay.tp * 4
+
+    def held_bytes(h, before: bool) -> dict[str, float]:
+        b = dict(h.before_grads if before and h.before_grads is not None else h.bytes)
+        return {"gradients": b.get("gradients", 0), "buffers": b.get("buffers", 0) + b.get("other", 0)}
+
+    base = {"parameters": states["parameters"], "optimizer": states["optimizer"]}
+    backward = [h for h in rows if h.at.phase == "backward"] or rows
+    first = backward[0]
+    instants = [("backward's start", base | held_bytes(first, True) | {"activations": acts.total + loss_grad}),
+                ("after the head's backward", base | held_bytes(first, False)
+                 | {"activations": acts.total - acts.head + loss_grad + acts.recompute_transient})]
+    for h in (h for h in rows if h.at.phase in ("post_backward", "optimizer")):
+        grads = shape.psi * e if h.plain_grads is None else sum(shape.unit_numels[u] for u in h.plain_grads) * e
+        roles = held_bytes(h, False)
+        roles["gradients"] += grads
+        instants.append((h.note or h.at.phase, base | roles | {"activations": 0.0}))
+    where, roles = max(instants, key=lambda kv: sum(kv[1].values()))
+    return roles | {"total": sum(roles.values()), "where": where}
+
+
+def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: RunPrecision | str, hw: Hardware,
+         efficiency: float = 0.5) -> dict:
+    """Projected step time and its parts (module docstring), seconds."""
+    p = RunPrecision(precision) if isinstance(precision, str) else precision
+    record, cfg, world, group, shape = _engine(model, lay, seq, p, hw)
+    node, e, peak = hw.node(), p.compute_bytes, p.peak_flops(hw.gpu)
+    m = global_batch // (lay.dp * lay.micro_batch)  # micro-batches per replica
+    tokens = global_batch * seq / hw.gpus  # per GPU, as MFU counts them
+    model_flops = (6 * model.psi(seq) + 6 * model.layers * seq * model.hidden) * tokens
+    compute = model_flops * (4 / 3 if lay.recompute == "full" else 1) / (peak * efficiency)
+    fwd, bwd = compute / 4 if lay.recompute == "full" else compute / 3, compute * (3 / 4 if lay.recompute == "full" else 2 / 3)
+    wire = Wire.even_buckets(shape.psi, int(cfg.bucket_cap_mb * pricing.MIB), e, e) if "bucket_cap_mb" in cfg \
+        else Wire(itemsize=e)
+    tp = None
+    if lay.tp > 1:
+        stage = types.SimpleNamespace(n_layer=model.layers // lay.pp, n_embd=model.hidden)
+        tp = TensorParallel.of_gpt(stage, lay.micro_batch, seq // lay.cp, lay.tp, world, sequence_parallel=True,
+                                   vocab_parallel=True, itemsize=e)
+    calls = plan_calls(record, shape, lay.tp * world, wire, group=group, grad_clip=True, tp=tp)
+    dp_calls = [c for c in calls if c.phase != "critical"]
+    per_mb = record.zero_stage == 3  # FSDP gathers and reduces every micro-batch
+    dp = pricing.price(node, dp_calls)
+    crit = pricing.price(node, [c for c in calls if c.phase == "critical"])
+    reps = m if per_mb else 1
+    window = 1 if per_mb else m  # DP's reduction hides behind the last micro-batch's backward only
+    exposed_dp = (max(0.0, reps * dp["forward"] - fwd) + max(0.0, reps * dp["backward"] - bwd / window)
+                  + dp["after"])
+    tp_s = m * crit["critical"]
+    bub = pp_bubble("1f1b", lay.pp, m) if lay.pp > 1 else 0.0
+    pp_s = _pp_p2p(model, lay, seq, e, hw) if lay.pp > 1 else 0.0
+    cp_s = _cp_exposed(model, lay, seq, e, hw, peak * efficiency) * m if lay.cp > 1 else 0.0
+    busy = compute + tp_s + cp_s
+    step_s = busy / (1 - bub) + exposed_dp + pp_s
+    lat = reps * dp["latency_s"] + m * crit["latency_s"]
+    bw = reps * dp["bandwidth_s"] + m * crit["bandwidth_s"]
+    return {"step_s": step_s, "compute_s": compute, "exposed_dp_s": exposed_dp, "tp_s": tp_s, "cp_s": cp_s,
+            "pp_p2p_s": pp_s, "bubble": bub, "bubble_s": busy * bub / (1 - bub), "microbatches": m,
+            "mfu": model_flops / (step_s * peak), "bound": pricing.bound(lat, bw), "latency_share": lat / (lat + bw)
+            if lat + bw else 0.0, "bucket_MiB": cfg.get("bucket_cap_mb")}
+
+
+def _pp_p2p(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware) -> float:
+    """1F1B's fill and drain: 2 (p - 1) activation transfers on the critical path, b s h e / t bytes each
+    (sequence-parallel slices), over the NIC (stages sit on different nodes) or NVLink within one."""
+    nbytes = lay.micro_batch * seq // lay.cp * model.hidden * e / lay.tp
+    cross = lay.dp * lay.tp * lay.cp >= hw.gpus_per_node
+    bw = (hw.nic_Gbps / 8 if cross else hw.node().nvlink_GBps) * GB
+    return 2 * (lay.pp - 1) * (nbytes / bw + (10e-6 if cross else 3e-6))
+
+
+def _cp_exposed(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, flops: float) -> float:
+    """Per micro-batch: each ring step's k, v block transfer not covered by that step's attention block."""
+    fwd_bytes, bwd_bytes = layer_bytes(lay.micro_batch, seq, model.hidden // lay.tp, lay.cp, element_size=e)
+    steps = lay.cp - 1
+    inside = lay.tp * lay.cp <= hw.gpus_per_node
+    bw = (hw.node().nvlink_GBps if inside else hw.nic_Gbps / 8) * GB
+    block_flops = 4 * lay.micro_batch * (seq / lay.cp) ** 2 * model.hidden / lay.tp / 2  # causal: about half
+    per_layer = sum(max(0.0, b / steps / bw - k * block_flops / flops) * steps for b, k in ((fwd_bytes, 1),
+                                                                                             (bwd_bytes, 2)))
+    return per_layer * model.layers / lay.pp
+
+
+def layouts(model: GPTModel, hw: Hardware, global_batch: int, seq: int, strategies_: tuple[str, ...] = STRATEGIES,
+            recompute: tuple[str, ...] = ("none", "full")):
+    """Every dp x tp x pp x cp of the cluster's GPUs the model and batch divide (tp within a node and the
+    heads, pp the layers, cp the sequence), each strategy and recompute, micro-batches of powers of two."""
+    n = hw.gpus
+    twos = [2 ** k for k in range(int(math.log2(n)) + 1)]
+    for tp, pp, cp in itertools.product(twos, twos, twos):
+        if n % (tp * pp * cp) or tp > hw.gpus_per_node or model.heads % tp or model.layers % pp or seq % (2 * cp):
+            continue
+        dp = n // (tp * pp * cp)
+        if global_batch % dp:
+            continue
+        for strategy, rc in itertools.product(strategies_, recompute):
+            for mb in (b for b in twos if b <= global_batch // dp and (global_batch // dp) % b == 0):
+                if pp == 1 or global_batch // (dp * mb) >= pp:  # 1F1B needs m >= p
+                    yield Layout(dp, tp, pp, cp, strategy, rc, mb)
+
+
+def plan(model: GPTModel, hw: Hardware, global_batch: int, seq: int, precision: RunPrecision | str = "bf16",
+         efficiency: float = 0.5, **kw) -> tuple[list[dict], int]:
+    """(rows of the layouts that fit, fastest first, each the largest micro-batch that fits; how many did not)."""
+    fits: dict[tuple, dict] = {}
+    tried = 0
+    for lay in layouts(model, hw, global_batch, seq, **kw):
+        key = replace(lay, micro_batch=0)
+        tried += key not in fits and lay.micro_batch == 1
+        mem = memory(model, lay, seq, precision, hw)
+        if mem["total"] > hw.device_GB * GB:
+            continue
+        row = {"layout": lay, "memory": mem} | step(model, lay, seq, global_batch, precision, hw, efficiency)
+        if key not in fits or row["step_s"] < fits[key]["step_s"]:
+            fits[key] = row
+    rows = sorted(fits.values(), key=lambda r: r["step_s"])
+    for r in rows:
+        r["why"] = why(r)
+    return rows, tried - len(rows)
+
+
+def why(row: dict) -> str:
+    """One line: what the row's step spends beyond compute, its largest part first."""
+    parts = {"TP's calls on the critical path": row["tp_s"], "DP's exposed communication": row["exposed_dp_s"],
+             "the pipeline bubble": row["bubble_s"], "CP's ring": row["cp_s"], "PP's fill and drain": row["pp_p2p_s"]}
+    parts = {k: v / row["step_s"] for k, v in parts.items() if v > 0.005 * row["step_s"]}
+    mem = row["memory"]
+    head = f"peak at {mem['where']}"
+    if not parts:
+        return f"compute-bound, communication hidden; {head}"
+    return "; ".join(f"{k} {v:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])) + \
+        f" ({row['bound']}-bound comm); {head}"
+
+
+def table(rows: list[dict], rejected: int, hw: Hardware, precision: str, efficiency: float, top: int = 12) -> str:
+    """The planner's output: one line per layout that fits, fastest first, and a line of why under each."""
+    p = RunPrecision(precision)
+    lines = [f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu} ({hw.device_GB:g} GB, {hw.nic_Gbps:g} Gb/s NIC per GPU); "
+             f"{p.describe()}; compute at {efficiency:.0%} of the {p.peak_flops(hw.gpu) / 1e12:.0f} TFLOP/s peak; "
+             f"{len(rows)} layouts fit, {rejected} do not",
+             f"{'layout':<40}{'step s':>8}{'MFU':>6}{'params':>7}{'grads':>7}{'optim':>7}{'buffers':>8}{'acts':>7}"
+             f"{'GB':>7}{'exposed s':>10}{'bubble':>7}{'cp s':>6}"]
+    for r in rows[:top]:
+        m = r["memory"]
+        lines.append(f"{r['layout'].name:<40}{r['step_s']:>8.2f}{r['mfu']:>6.0%}"
+                     + "".join(f"{m[k] / GB:>{w}.1f}" for k, w in zip(ROLES, (7, 7, 7, 8, 7)))
+                     + f"{m['total'] / GB:>7.1f}{r['exposed_dp_s'] + r['tp_s'] + r['pp_p2p_s']:>10.2f}"
+                     f"{r['bubble']:>7.0%}{r['cp_s']:>6.2f}")
+        lines.append(f"    {r['why']}")
+    lines.append("GB: peak per GPU by role (buffers: the engine's buckets and gathers, the optimizer's temporaries); "
+                 "exposed: DP after overlap + TP + PP's fill/drain")
+    return "\n".join(lines)
