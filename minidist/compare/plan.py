@@ -123,6 +123,8 @@ class Layout:
     recompute: str = "none"
     micro_batch: int = 1
     """Sequences per micro-batch on each replica."""
+    sequence_parallel: bool = True
+    """With tp > 1: sequence parallelism (Megatron's), and the vocabulary split (vocab_parallel) too."""
 
     @property
     def name(self) -> str:
@@ -138,7 +140,7 @@ def _engine(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, hw:
         if "bucket_cap_mb" in record.preset() else {}
     cfg = record.preset(**fields)
     group = record.state_group(cfg, world, max(1, hw.gpus_per_node // (lay.tp * lay.cp)))
-    shape = model.shape(seq, lay.tp, lay.pp, lay.tp > 1, precision.compute_bytes)
+    shape = model.shape(seq, lay.tp, lay.pp, lay.tp > 1 and lay.sequence_parallel, precision.compute_bytes)
     return record, cfg, world, group, shape
 
 
@@ -158,10 +160,10 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     states = record.model_state_bytes(shape.psi, group, e, e, p.optimizer_bytes)
     rows = record.held(shape, cfg, world, group, optimizer=OptimizerModel(optimizer, device),
                        backend="nccl" if device == "cuda" else "gloo", device_type=device)
-    sp = vp = lay.tp > 1
+    sp = vp = lay.tp > 1 and lay.sequence_parallel
     acts = activation_bytes(GPTShape(lay.micro_batch, seq, model.hidden, model.heads, model.layers, model.vocab), p,
                             Parallelism(lay.tp, sp, vp, lay.recompute, lay.pp, lay.cp))
-    loss_grad = lay.micro_batch * seq // lay.cp * model.vocab / lay.tp * 4
+    loss_grad = lay.micro_batch * seq // lay.cp * model.vocab / (lay.tp if vp else 1) * 4
 
     def held_bytes(h, before: bool) -> dict[str, float]:
         b = dict(h.before_grads if before and h.before_grads is not None else h.bytes)
@@ -170,8 +172,9 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     base = {"parameters": states["parameters"], "optimizer": states["optimizer"]}
     backward = [h for h in rows if h.at.phase == "backward"] or rows
     first = backward[0]
+    during = max((held_bytes(h, False) for h in backward), key=lambda b: sum(b.values()))
     instants = [("backward's start", base | held_bytes(first, True) | {"activations": acts.total + loss_grad}),
-                ("after the head's backward", base | held_bytes(first, False)
+                ("after the head's backward", base | during
                  | {"activations": acts.total - acts.head + loss_grad + acts.recompute_transient})]
     for h in (h for h in rows if h.at.phase in ("post_backward", "optimizer")):
         grads = shape.psi * e if h.plain_grads is None else sum(shape.unit_numels[u] for u in h.plain_grads) * e
@@ -198,8 +201,9 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
     tp = None
     if lay.tp > 1:
         stage = types.SimpleNamespace(n_layer=model.layers // lay.pp, n_embd=model.hidden)
-        tp = TensorParallel.of_gpt(stage, lay.micro_batch, seq // lay.cp, lay.tp, world, sequence_parallel=True,
-                                   vocab_parallel=True, itemsize=e)
+        tp = TensorParallel.of_gpt(stage, lay.micro_batch, seq // lay.cp, lay.tp, world,
+                                   sequence_parallel=lay.sequence_parallel, vocab_parallel=lay.sequence_parallel,
+                                   itemsize=e)
     calls = plan_calls(record, shape, lay.tp * world, wire, group=group, grad_clip=True, tp=tp)
     dp_calls = [c for c in calls if c.phase != "critical"]
     per_mb = record.zero_stage == 3  # FSDP gathers and reduces every micro-batch
