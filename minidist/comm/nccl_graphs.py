@@ -103,9 +103,10 @@ class HopperNode:
 
     def _nvls(self, nodes: int, ppn: int) -> Graph:
         speeds = SPEEDS_INTRA_SM90 if nodes == 1 else SPEEDS_INTER_SM90
-        intra = next(s for s in speeds if (ppn + 1) * s <= self.nvlink_GBps)
+        top = 0 if nodes == 1 else next(k for k, s in enumerate(speeds) if s <= min(self.nic_GBps, self.pcie_GBps))
+        intra = next(s for s in speeds[top:] if (ppn + 1) * s <= self.nvlink_GBps)
         k = speeds.index(intra)
-        while k > 0 and speeds[k] < 2 * intra:  # pass 2 raises the inter speed alone
+        while k > top and speeds[k] < 2 * intra:  # pass 2 raises the inter speed alone, no faster than the NIC
             k -= 1
         return Graph(ppn, intra, speeds[k], same_channels=False)
 

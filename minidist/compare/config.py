@@ -94,6 +94,58 @@ class EstimateConfig:
     as at runtime (a group larger than a tabulated world is that whole world)."""
 
 
+@dataclass
+class PlanConfig:
+    """`--plan`: the layouts of a GPT that fit a cluster, ranked by projected step time (minidist.compare.plan)."""
+
+    params: Optional[float] = None
+    """The model by its parameter count (layers blocks of width sqrt(params / 12 layers)); null = model.*."""
+    layers: int = 32
+    """With params: its transformer blocks."""
+    global_batch: int = 512
+    """Sequences per optimizer step, over every replica."""
+    seq: int = 4096
+    """Tokens per sequence."""
+    cluster: Optional[str] = None
+    """A projection cluster's name (projection.clusters: GPUs per node, NIC bandwidth); null = the fields below."""
+    gpu: str = "h100"
+    """h100, h200 or a100: its dense peak FLOP/s (minidist.precision.PEAK_FLOPS) and its memory."""
+    gpus_per_node: int = 8
+    nodes: int = 16
+    nic_Gbps: float = 400.0
+    """NIC bandwidth per GPU, Gb/s."""
+    memory_GB: Optional[float] = None
+    """Device memory; null = the GPU's (h100 80, h200 141, a100 80)."""
+    precision: str = "bf16"
+    """fp32, bf16 or fp16 (bf16/fp16 with fp32 masters): bytes, memory and compute alike."""
+    efficiency: float = 0.5
+    """The share of the dense peak the kernels reach (compute time = FLOPs / (peak x efficiency))."""
+    strategies: list[str] = field(default_factory=lambda: ["ddp", "zero1", "zero2", "full_shard", "hybrid_shard"])
+    recompute: list[str] = field(default_factory=lambda: ["none", "full"])
+    top: int = 12
+    """Rows printed (the fastest)."""
+
+
+def check_plan(p, clusters) -> None:
+    """`--plan`'s settings; ValueError (one line) naming the key."""
+    from minidist.precision import PEAK_FLOPS
+
+    bad = [s for s in p.strategies if s not in ("ddp", "zero1", "zero2", "full_shard", "hybrid_shard")]
+    rules = [(p.precision in ("fp32", "bf16", "fp16"), f"plan.precision={p.precision!r}: choose fp32, bf16 or fp16"),
+             (p.gpu in PEAK_FLOPS, f"plan.gpu={p.gpu!r}: choose one of {', '.join(PEAK_FLOPS)}"),
+             (p.cluster is None or p.cluster in clusters,
+              f"plan.cluster={p.cluster!r}: choose one of {', '.join(clusters)} (projection.clusters) or null"),
+             (min(p.nodes, p.gpus_per_node, p.global_batch, p.seq, p.layers, p.top) >= 1,
+              "plan.nodes, gpus_per_node, global_batch, seq, layers and top must be >= 1"),
+             (0 < p.efficiency <= 1, f"plan.efficiency={p.efficiency} must be in (0, 1]"),
+             (not bad, f"plan.strategies: {', '.join(bad)} not planned; choose from ddp, zero1, zero2, full_shard, "
+                       f"hybrid_shard"),
+             (set(p.recompute) <= {"none", "full"} and p.recompute, "plan.recompute: a list of none and full")]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
+
+
 def default_rows() -> list[str]:
     """The records' default rows, in the registry's order; the tensor-parallel ones last."""
     records = strategies.records()
@@ -136,6 +188,7 @@ class CompareConfig:
     """Times each collective of a step is run again alone (time alone, bandwidth)."""
     projection: ProjectionConfig = field(default_factory=ProjectionConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     name: Optional[str] = None
     """Run name; outputs go to <out_dir>/<name>. null = compare-<timestamp>."""
     out_dir: str = "outputs"
@@ -197,6 +250,7 @@ def check(cfg) -> None:
         raise ValueError(f"estimate.precision={cfg.estimate.precision!r}: choose mixed (p = g = 2, K = 12) or fp32")
     if cfg.estimate.gpus_per_node < 1:
         raise ValueError(f"estimate.gpus_per_node={cfg.estimate.gpus_per_node} must be >= 1")
+    check_plan(cfg.plan, cfg.projection.clusters)
     if cfg.replay_repeats < 1:
         raise ValueError("replay_repeats must be >= 1")
     if cfg.model.name == "gpt" and cfg.data.source == "cifar10":

@@ -1,7 +1,7 @@
 """The layout planner: which dp x tp x pp x cp layouts of a GPT fit a cluster, ranked by projected step time.
 
     rows = plan(GPTModel.of_params(7.5e9, layers=32), Hardware("h100", nodes=16), global_batch=512, seq=4096)
-    print(table(rows))                       # python -m recipes.compare --plan plan.params=7.5e9 plan.nodes=16
+    print(plan_table.table(rows, ...))       # python -m recipes.compare --plan plan.params=7.5e9 plan.nodes=16
 
 Every number comes from the one place that owns it:
 
@@ -215,7 +215,7 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
                   + dp["after"])
     tp_s = m * crit["critical"]
     bub = pp_bubble("1f1b", lay.pp, m) if lay.pp > 1 else 0.0
-    pp_s = _pp_p2p(model, lay, seq, e, hw) if lay.pp > 1 else 0.0
+    pp_s = _pp_p2p(model, lay, seq, e, hw, m, compute / m) if lay.pp > 1 else 0.0
     cp_s = _cp_exposed(model, lay, seq, e, hw, peak * efficiency) * m if lay.cp > 1 else 0.0
     busy = compute + tp_s + cp_s
     step_s = busy / (1 - bub) + exposed_dp + pp_s
@@ -227,13 +227,14 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
             if lat + bw else 0.0, "bucket_MiB": cfg.get("bucket_cap_mb")}
 
 
-def _pp_p2p(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware) -> float:
-    """1F1B's fill and drain: 2 (p - 1) activation transfers on the critical path, b s h e / t bytes each
-    (sequence-parallel slices), over the NIC (stages sit on different nodes) or NVLink within one."""
+def _pp_p2p(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, m: int, per_microbatch: float) -> float:
+    """1F1B's transfers, b s h e / t bytes each (sequence-parallel slices), over the NIC (pp is outermost: on
+    more than one node some boundary crosses) or NVLink: the fill and drain's 2 (p - 1) on the critical
+    path, and in the steady state each micro-batch's two (forward and backward) where longer than its compute."""
     nbytes = lay.micro_batch * seq // lay.cp * model.hidden * e / lay.tp
-    cross = lay.dp * lay.tp * lay.cp >= hw.gpus_per_node
-    bw = (hw.nic_Gbps / 8 if cross else hw.node().nvlink_GBps) * GB
-    return 2 * (lay.pp - 1) * (nbytes / bw + (10e-6 if cross else 3e-6))
+    cross = hw.nodes > 1
+    one = nbytes / ((hw.nic_Gbps / 8 if cross else hw.node().nvlink_GBps) * GB) + (10e-6 if cross else 3e-6)
+    return 2 * (lay.pp - 1) * one + m * max(0.0, 2 * one - per_microbatch)
 
 
 def _cp_exposed(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, flops: float) -> float:
@@ -281,39 +282,4 @@ def plan(model: GPTModel, hw: Hardware, global_batch: int, seq: int, precision: 
         if key not in fits or row["step_s"] < fits[key]["step_s"]:
             fits[key] = row
     rows = sorted(fits.values(), key=lambda r: r["step_s"])
-    for r in rows:
-        r["why"] = why(r)
     return rows, tried - len(rows)
-
-
-def why(row: dict) -> str:
-    """One line: what the row's step spends beyond compute, its largest part first."""
-    parts = {"TP's calls on the critical path": row["tp_s"], "DP's exposed communication": row["exposed_dp_s"],
-             "the pipeline bubble": row["bubble_s"], "CP's ring": row["cp_s"], "PP's fill and drain": row["pp_p2p_s"]}
-    parts = {k: v / row["step_s"] for k, v in parts.items() if v > 0.005 * row["step_s"]}
-    mem = row["memory"]
-    head = f"peak at {mem['where']}"
-    if not parts:
-        return f"compute-bound, communication hidden; {head}"
-    return "; ".join(f"{k} {v:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])) + \
-        f" ({row['bound']}-bound comm); {head}"
-
-
-def table(rows: list[dict], rejected: int, hw: Hardware, precision: str, efficiency: float, top: int = 12) -> str:
-    """The planner's output: one line per layout that fits, fastest first, and a line of why under each."""
-    p = RunPrecision(precision)
-    lines = [f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu} ({hw.device_GB:g} GB, {hw.nic_Gbps:g} Gb/s NIC per GPU); "
-             f"{p.describe()}; compute at {efficiency:.0%} of the {p.peak_flops(hw.gpu) / 1e12:.0f} TFLOP/s peak; "
-             f"{len(rows)} layouts fit, {rejected} do not",
-             f"{'layout':<40}{'step s':>8}{'MFU':>6}{'params':>7}{'grads':>7}{'optim':>7}{'buffers':>8}{'acts':>7}"
-             f"{'GB':>7}{'exposed s':>10}{'bubble':>7}{'cp s':>6}"]
-    for r in rows[:top]:
-        m = r["memory"]
-        lines.append(f"{r['layout'].name:<40}{r['step_s']:>8.2f}{r['mfu']:>6.0%}"
-                     + "".join(f"{m[k] / GB:>{w}.1f}" for k, w in zip(ROLES, (7, 7, 7, 8, 7)))
-                     + f"{m['total'] / GB:>7.1f}{r['exposed_dp_s'] + r['tp_s'] + r['pp_p2p_s']:>10.2f}"
-                     f"{r['bubble']:>7.0%}{r['cp_s']:>6.2f}")
-        lines.append(f"    {r['why']}")
-    lines.append("GB: peak per GPU by role (buffers: the engine's buckets and gathers, the optimizer's temporaries); "
-                 "exposed: DP after overlap + TP + PP's fill/drain")
-    return "\n".join(lines)

@@ -3,13 +3,14 @@
     torchrun --standalone --nproc_per_node=2 -m recipes.compare
     torchrun --standalone --nproc_per_node=2 -m recipes.compare model=gpt strategies=[ddp,zero1,shard_grad_op,full_shard,hybrid_shard]
     python -m recipes.compare --estimate model.n_layer=12 estimate.worlds=[1,8,64]   # memory only, nothing runs
+    python -m recipes.compare --plan plan.params=7.5e9 plan.nodes=16 plan.global_batch=512   # layouts that fit
     python -m recipes.compare --help | --cfg job | --info | --hydra-help             # Hydra's own flags
     minidist-compare                                                                 # installed: 2 processes
     minidist-compare --estimate                                                      # installed: from anywhere
 
 Arguments are Hydra overrides of configs/compare.yaml (minidist.compare.config) and Hydra's flags
-(minidist.recipes.hydra_cli, as the train recipe takes them), plus `--estimate`; the work is
-minidist.compare.run. The command line is composed and checked before anything runs (a mistake is
+(minidist.recipes.hydra_cli, as the train recipe takes them), plus `--estimate` and `--plan`
+(minidist.compare.plan_table); the work is minidist.compare.run. The command line is composed and checked before anything runs (a mistake is
 one line, exit 64: runtime.UsageError). Outputs: <out_dir>/<name> (default outputs/compare-<timestamp>).
 """
 
@@ -21,6 +22,7 @@ import sys
 from minidist.recipes import hydra_cli
 
 ESTIMATE = "--estimate"
+PLAN = "--plan"
 
 
 def compose(args: list[str], config_dir: str | None = None,
@@ -94,6 +96,11 @@ def _main(argv: list[str]) -> int:
         return 0
     from minidist.compare import run
 
+    if estimate == PLAN:
+        from minidist.compare import plan_table
+
+        print(plan_table.from_config(cfg))
+        return 0
     if estimate:
         print(run.estimate_table(cfg))
         return 0
@@ -104,9 +111,9 @@ def _main(argv: list[str]) -> int:
 
 
 def _parse(argv: list[str]):
-    """(Hydra's args, its parser, whether --estimate was given)."""
-    args, parser = hydra_cli.parse([a for a in argv if a != ESTIMATE])
-    return args, parser, ESTIMATE in argv
+    """(Hydra's args, its parser, which of --estimate and --plan was given: nothing runs for either, or None)."""
+    args, parser = hydra_cli.parse([a for a in argv if a not in (ESTIMATE, PLAN)])
+    return args, parser, PLAN if PLAN in argv else ESTIMATE if ESTIMATE in argv else None
 
 
 def _compose_args(args, world, estimate: bool):

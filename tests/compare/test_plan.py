@@ -7,7 +7,8 @@ import pytest
 
 from minidist.comm.nccl_graphs import HopperNode
 from minidist.compare import pricing
-from minidist.compare.plan import GB, GPTModel, Hardware, Layout, memory, plan, step, table
+from minidist.compare.plan import GB, GPTModel, Hardware, Layout, memory, plan, step
+from minidist.compare.plan_table import table, why
 from minidist.pp.cost import bubble
 from minidist.strategies import Call
 
@@ -60,7 +61,7 @@ def test_the_plan_at_scale_fits_ranks_and_explains():
     assert not any(r["layout"].strategy == "ddp" and r["layout"].tp == 1 and r["layout"].pp == 1 for r in rows)
     for r in rows:  # the parts by their own definitions
         lay = r["layout"]
-        assert 0 < r["mfu"] <= 0.5 + 1e-9 and r["why"] and r["bound"] in ("latency", "bandwidth", "-")
+        assert 0 < r["mfu"] <= 0.5 + 1e-9 and why(r) and r["bound"] in ("latency", "bandwidth", "-")
         assert r["bubble"] == (bubble("1f1b", lay.pp, r["microbatches"]) if lay.pp > 1 else 0.0)
         assert r["step_s"] >= r["compute_s"]
     out = table(rows, rejected, hw, "bf16", 0.5)

@@ -1,0 +1,61 @@
+"""The planner's output: one line per layout that fits, fastest first, each with one line of why.
+
+    print(from_config(cfg))          # python -m recipes.compare --plan [plan.* overrides]
+
+The numbers are minidist.compare.plan's; this module only words and arranges them.
+"""
+
+from __future__ import annotations
+
+from minidist.compare.plan import GB, ROLES, GPTModel, Hardware, plan
+from minidist.precision import RunPrecision
+
+
+def from_config(cfg) -> str:
+    """The table for cfg.plan (minidist.compare.config.PlanConfig): the model of plan.params or model.*, the
+    cluster of plan.cluster (a projection cluster: its GPUs per node and NIC share) or of plan.*."""
+    p = cfg.plan
+    model = GPTModel.of_params(p.params, p.layers) if p.params else GPTModel.of_config(cfg.model)
+    gpus, nic = p.gpus_per_node, p.nic_Gbps
+    if p.cluster:
+        c = cfg.projection.clusters[p.cluster]
+        gpus, nic = c.gpus_per_node, c.nic_GBps * 8 * c.nics_per_node / c.gpus_per_node
+    hw = Hardware(p.gpu, gpus, p.nodes, nic, p.memory_GB)
+    rows, rejected = plan(model, hw, p.global_batch, p.seq, p.precision, p.efficiency,
+                          strategies_=tuple(p.strategies), recompute=tuple(p.recompute))
+    head = (f"GPT L = {model.layers}, h = {model.hidden}, a = {model.heads}, V = {model.vocab} "
+            f"({model.psi(p.seq) / 1e9:.2f}B parameters); global batch {p.global_batch} x {p.seq} tokens")
+    return head + "\n" + table(rows, rejected, hw, p.precision, p.efficiency, p.top)
+
+
+def why(row: dict) -> str:
+    """One line: what the row's step spends beyond compute, its largest part first."""
+    parts = {"TP's calls on the critical path": row["tp_s"], "DP's exposed communication": row["exposed_dp_s"],
+             "the pipeline bubble": row["bubble_s"], "CP's ring": row["cp_s"], "PP's fill and drain": row["pp_p2p_s"]}
+    parts = {k: v / row["step_s"] for k, v in parts.items() if v > 0.005 * row["step_s"]}
+    mem = row["memory"]
+    head = f"peak at {mem['where']}"
+    if not parts:
+        return f"compute-bound, communication hidden; {head}"
+    return "; ".join(f"{k} {v:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])) + \
+        f" ({row['bound']}-bound comm); {head}"
+
+
+def table(rows: list[dict], rejected: int, hw: Hardware, precision: str, efficiency: float, top: int = 12) -> str:
+    """The planner's output: one line per layout that fits, fastest first, and a line of why under each."""
+    p = RunPrecision(precision)
+    lines = [f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu} ({hw.device_GB:g} GB, {hw.nic_Gbps:g} Gb/s NIC per GPU); "
+             f"{p.describe()};", f"compute at {efficiency:.0%} of the {p.peak_flops(hw.gpu) / 1e12:.0f} TFLOP/s "
+             f"peak; {len(rows)} layouts fit, {rejected} do not; ranked by projected step time",
+             f"{'layout':<40}{'step s':>8}{'MFU':>6}{'params':>7}{'grads':>7}{'optim':>7}{'buffers':>8}{'acts':>7}"
+             f"{'GB':>7}{'exposed s':>10}{'bubble':>7}{'cp s':>6}"]
+    for r in rows[:top]:
+        m = r["memory"]
+        lines.append(f"{r['layout'].name:<40}{r['step_s']:>8.2f}{r['mfu']:>6.0%}"
+                     + "".join(f"{m[k] / GB:>{w}.1f}" for k, w in zip(ROLES, (7, 7, 7, 8, 7)))
+                     + f"{m['total'] / GB:>7.1f}{r['exposed_dp_s'] + r['tp_s'] + r['pp_p2p_s']:>10.2f}"
+                     f"{r['bubble']:>7.0%}{r['cp_s']:>6.2f}")
+        lines.append(f"    {why(r)}")
+    lines.append("GB: peak per GPU by role (buffers: the engine's buckets and gathers, the optimizer's temporaries)\n"
+                 "exposed: DP's communication after overlap + TP's (critical path) + PP's transfers; bubble: 1F1B's")
+    return "\n".join(lines)
