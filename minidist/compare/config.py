@@ -63,11 +63,17 @@ class ProjectionConfig:
     layers: int = 32
     """Its FSDP units (transformer blocks)."""
     tokens_per_rank: int = 8192
-    """Its tokens per rank per step: compute = 6 params tokens / flops_per_s, 1/3 forward, 2/3 backward."""
-    flops_per_s: float = 4.0e14
-    """Achieved FLOP/s per rank (about 40% of a 1 PFLOP/s bf16 accelerator)."""
+    """Its tokens per rank per step: compute = 6 params tokens / (peak x efficiency), 1/3 forward, 2/3 backward."""
+    seq: int = 2048
+    """Its tokens per sequence (activations: tokens_per_rank / seq sequences per rank)."""
+    precision: str = "bf16"
+    """fp32, bf16 or fp16 (with fp32 masters): the bytes moved, the memory and the compute rate alike."""
+    gpu: str = "h100"
+    """h100, h200 or a100: the dense peak FLOP/s at the precision (minidist.precision.PEAK_FLOPS)."""
+    efficiency: float = 0.4
+    """The share of that peak the kernels reach (bf16 on an H100: about 396 TFLOP/s)."""
     bucket_cap_mb: float = 25.0
-    """DDP bucket size assumed for the second model."""
+    """DDP's and ZeRO's bucket on the calibrated link; on a GPU cluster the bucket rule's (compare.pricing)."""
     clusters: dict[str, ClusterConfig] = field(default_factory=_default_clusters)
     """Named clusters; the measured model is projected on this machine's calibrated link only."""
     devices_GB: list[float] = field(default_factory=lambda: [80.0, 141.0])
@@ -251,6 +257,8 @@ def check(cfg) -> None:
     if cfg.estimate.gpus_per_node < 1:
         raise ValueError(f"estimate.gpus_per_node={cfg.estimate.gpus_per_node} must be >= 1")
     check_plan(cfg.plan, cfg.projection.clusters)
+    if cfg.projection.precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"projection.precision={cfg.projection.precision!r}: choose fp32, bf16 or fp16")
     if cfg.replay_repeats < 1:
         raise ValueError("replay_repeats must be >= 1")
     if cfg.model.name == "gpt" and cfg.data.source == "cifar10":

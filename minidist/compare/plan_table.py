@@ -30,11 +30,11 @@ def from_config(cfg) -> str:
 
 def why(row: dict) -> str:
     """One line: what the row's step spends beyond compute, its largest part first."""
-    parts = {"TP's calls on the critical path": row["tp_s"], "DP's exposed communication": row["exposed_dp_s"],
-             "the pipeline bubble": row["bubble_s"], "CP's ring": row["cp_s"], "PP's fill and drain": row["pp_p2p_s"]}
+    parts = {"TP's calls (critical path)": row["tp_s"], "DP's exposed comm": row["exposed_dp_s"],
+             "bubble": row["bubble_s"], "CP's ring": row["cp_s"], "PP's transfers": row["pp_p2p_s"]}
     parts = {k: v / row["step_s"] for k, v in parts.items() if v > 0.005 * row["step_s"]}
     mem = row["memory"]
-    head = f"peak at {mem['where']}"
+    head = f"peak: {mem['where']}"
     if not parts:
         return f"compute-bound, communication hidden; {head}"
     return "; ".join(f"{k} {v:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])) + \
@@ -44,8 +44,8 @@ def why(row: dict) -> str:
 def table(rows: list[dict], rejected: int, hw: Hardware, precision: str, efficiency: float, top: int = 12) -> str:
     """The planner's output: one line per layout that fits, fastest first, and a line of why under each."""
     p = RunPrecision(precision)
-    lines = [f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu} ({hw.device_GB:g} GB, {hw.nic_Gbps:g} Gb/s NIC per GPU); "
-             f"{p.describe()};", f"compute at {efficiency:.0%} of the {p.peak_flops(hw.gpu) / 1e12:.0f} TFLOP/s "
+    lines = [f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu} ({hw.device_GB:g} GB, {hw.nic_Gbps:g} Gb/s NIC per GPU)",
+             f"precision: {p.describe()}", f"compute at {efficiency:.0%} of the {p.peak_flops(hw.gpu) / 1e12:.0f} TFLOP/s "
              f"peak; {len(rows)} layouts fit, {rejected} do not; ranked by projected step time",
              f"{'layout':<40}{'step s':>8}{'MFU':>6}{'params':>7}{'grads':>7}{'optim':>7}{'buffers':>8}{'acts':>7}"
              f"{'GB':>7}{'exposed s':>10}{'bubble':>7}{'cp s':>6}"]

@@ -5,7 +5,12 @@
 Every collective of one step comes from minidist.compare.analytic.plan (the strategy's record's
 call list, the one the table checks against the trace), sized in the dtype the engine moves, and
 is priced on a cluster of nodes (Cluster: G ranks per node on an intra-node fabric, NICs per node
-on the network):
+on the network). A GPU cluster (Cluster.node set: every configured one) prices each call with NCCL's
+own model (minidist.comm.nccl via minidist.compare.pricing: ring, double binary tree, NVLS x LL,
+LL128, Simple, as NCCL would choose), sizes DDP's and ZeRO's buckets by pricing.bucket_bytes at each
+rank count (Subject.bucket_rule), and says whether each row's calls are latency- or bandwidth-bound
+(their summed latency terms against the rest). The alpha-beta model below is this machine's link
+("calibrated") and any Cluster without a node:
 
   * a group's ranks sit on n_nodes nodes, m per node (a replica group of hybrid_shard: one
     per node). Bus bandwidth: the intra-node fabric's inside one node; across nodes the
@@ -38,9 +43,9 @@ result; Megatron's overlaps are not modelled). exposed >= max(0, comm_fwd - fwd)
 + max(0, comm_bwd - bwd) + comm_after + comm_critical; the strategy "hides" where that bound is within 1% of the
 step's compute (HIDES; a clip's one-scalar all_reduce costs latency only). Necessary, not
 sufficient: the first gather and the last reduction always show. Memory: the per-rank
-estimate (the measured model: minidist.compare.estimate, activations included) or ZeRO's model
-states (a model given by its parameter count: 16 psi / ..., activations not included) against
-each device size. A strategy's states are split over its record's state_group at that rank count:
+estimate (the measured model: minidist.compare.estimate, activations included) or, for a model
+given by its parameter count, the planner's (minidist.compare.plan.memory: the record's states at
+the run's precision + the engine's buffers + activations by formula) against each device size. A strategy's states are split over its record's state_group at that rank count:
 hybrid_shard's shard group is a node (the cluster's GPUs per node) unless its shard_size says
 otherwise, as at runtime.
 """
@@ -54,6 +59,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from minidist import strategies
+from minidist.comm import nccl
+from minidist.comm.nccl_graphs import HopperNode
+from minidist.compare import pricing
 from minidist.compare.analytic import TensorParallel, plan
 from minidist.shape import ModelShape
 from minidist.strategies import Call, Wire
@@ -74,6 +82,9 @@ class Cluster:
     nic_Bps: float
     nics_per_node: int
     label: str = ""
+    node: HopperNode | None = None
+    """NCCL's model of a node (minidist.comm.nccl): each call priced as NCCL would run it (its algorithm and
+    protocol, minidist.compare.pricing); None: the alpha-beta numbers above (this machine's calibrated link)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,9 @@ class Subject:
     """Per row: its strategy config (the comparison's strategy_options); missing: the record's preset."""
     tp: dict[str, TensorParallel] = field(default_factory=dict)
     """Tensor-parallel rows (`<strategy>+tp<T>`): TP's calls; its dp is set per rank count."""
+    bucket_rule: bool = False
+    """On a cluster with NCCL's model: DDP's and ZeRO's buckets sized by pricing.bucket_bytes at each rank count
+    (equal buckets of the model's size), not the wire's."""
 
 
 def calibrated(alpha_s: float, beta_s: float) -> Cluster:
@@ -118,6 +132,9 @@ def call_time(c: Cluster, call: Call, algorithm: str = "auto") -> float:
     k, s = call.group_size, float(call.payload)
     if k <= 1:
         return 0.0
+    if c.node is not None:  # NCCL's choice; "ring" / "tree" restrict it as NCCL_ALGO would (tree: all_reduce only)
+        only = {"auto": nccl.ALGORITHMS, "ring": ("ring",), "tree": ("tree",) if call.op == "all_reduce" else ("ring",)}
+        return pricing.call_time(c.node, call, only[algorithm])
     nodes, m = _place(c, call)
     bus = c.intra_Bps if nodes == 1 else min(c.intra_Bps if m > 1 else math.inf,
                                              c.nics_per_node * c.nic_Bps * m / c.gpus_per_node)
@@ -161,8 +178,14 @@ def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[floa
         tp = dataclasses.replace(tp, dp=n // tp.size)
     record = strategies.get(strategy.partition("+")[0])
     group = record.state_group(subj.options.get(strategy) or record.preset(), n, subj.local_world or c.gpus_per_node)
-    calls = plan(record, subj.shapes[strategy], n, subj.wires.get(strategy, Wire()), group=group, tp=tp)
+    wire = subj.wires.get(strategy, Wire())
+    if subj.bucket_rule and c.node is not None and wire.bucket_numels:  # the bucket rule at this rank count
+        dp = n // (tp.size if tp else 1)
+        wire = Wire.even_buckets(subj.shapes[strategy].psi, pricing.bucket_bytes(c.node, dp), wire.reduce_bytes(
+            subj.shapes[strategy]), wire.gather_itemsize)
+    calls = plan(record, subj.shapes[strategy], n, wire, group=group, tp=tp)
     t = step_comm(c, calls)
+    latency = sum(call_time(c, dataclasses.replace(x, payload=0)) for x in calls)
     exposed = (max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s) + t["after"]
                + t["critical"])
     mem = subj.memory(strategy, n, group) if subj.memory else None
@@ -170,6 +193,8 @@ def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[floa
             "comm_ring_s": sum(step_comm(c, calls, "ring").values()), **{f"comm_{k}_s": v for k, v in t.items()},
             "forward_s": subj.forward_s, "backward_s": subj.backward_s, "exposed_min_s": exposed,
             "hides": exposed <= HIDES * (subj.forward_s + subj.backward_s),
+            "bound": pricing.bound(latency, sum(t.values()) - latency),
+            "bucket_MiB": max(wire.bucket_numels, default=0) * wire.reduce_bytes(subj.shapes[strategy]) / 2 ** 20,
             "leaves_node": any(_place(c, x)[0] > 1 for x in calls), "memory_GB": None if mem is None else mem / 1e9,
             **{f"fits_{g:g}GB": None if mem is None else mem / 1e9 <= g for g in devices_GB}}
 
@@ -180,7 +205,7 @@ def verdicts(rows: list[dict], devices_GB: list[float]) -> list[str]:
     for model, cluster in dict.fromkeys((r["model"], r["cluster"]) for r in rows):
         mine = [r for r in rows if (r["model"], r["cluster"]) == (model, cluster)]
         top, mem = max(r["ranks"] for r in mine), mine[0]["memory_GB"] is not None
-        head = f"  {'strategy':<14}{'hides up to':>12}{'comm ms @' + str(top):>15}{'exposed >= ms':>15}"
+        head = f"  {'strategy':<14}{'hides up to':>12}{'comm ms @' + str(top):>15}{'exposed >= ms':>15}{'bound':>11}"
         if mem:
             head += f"{'GB/rank @' + str(top):>14}  fits " + "/".join(f"{g:g}" for g in devices_GB) + " GB from"
         lines = [f"{model} on {cluster}:", head]
@@ -188,7 +213,7 @@ def verdicts(rows: list[dict], devices_GB: list[float]) -> list[str]:
             rs = [r for r in mine if r["strategy"] == strategy]
             ok, last = [r["ranks"] for r in rs if r["hides"]], rs[-1]
             line = (f"  {strategy:<14}{(str(max(ok)) if ok else 'never'):>12}{last['comm_s'] * 1e3:>15.1f}"
-                    f"{last['exposed_min_s'] * 1e3:>15.1f}")
+                    f"{last['exposed_min_s'] * 1e3:>15.1f}{last['bound']:>11}")
             if mem:
                 fits = [next((str(r["ranks"]) for r in rs if r[f"fits_{g:g}GB"]), "-") for g in devices_GB]
                 line += f"{last['memory_GB']:>14.1f}  {'/'.join(fits)}"

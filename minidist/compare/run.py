@@ -24,15 +24,18 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from minidist import Topology, comm, strategies
+from minidist.comm.nccl_graphs import HopperNode
 from minidist.compare import plots, projection, report as rep, timeline
 from minidist.compare.analysis import strategy_row, tensor_parallel_of
 from minidist.compare.analytic import TensorParallel, plan, ring_bytes
 from minidist.compare.config import REFERENCE, check_rows_world, parse_row, row_strategy
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.measure import measure_strategy
+from minidist.compare.plan import GPTModel, Hardware, Layout, memory as plan_memory
 from minidist.compare.profile import StepProfile, model_shape, profile_step
 from minidist.compare.progress import Progress
 from minidist.mesh import data_parallel_mesh, is_main
+from minidist.precision import RunPrecision
 from minidist.shape import ModelShape
 from minidist.strategies import Wire
 from minidist.train.data import build_datasets
@@ -157,7 +160,7 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     wrap = lambda text: "\n".join(textwrap.wrap(text, 120))  # noqa: E731
     print("\n\n".join([wrap(header.splitlines()[0].lstrip("# ")), wrap(header.splitlines()[-1]),
                        rep.terminal(rows, ddp_bytes),
-                       wrap("projection: per call NCCL's ring or tree; exposed >= what compute cannot hide (forward "
+                       wrap(f"projection ({cfg.projection.precision}): per call NCCL's choice (tuning.cc); exposed >= what compute cannot hide (forward "
                             "calls behind forward, backward calls behind backward, ZeRO's parameter exchange and "
                             "TP's calls behind nothing: the next layer waits for TP's):")
                        + "\n" + "\n".join(projection.verdicts(proj_rows, devices)),
@@ -182,18 +185,29 @@ def _projection(cfg, rows: list[dict], per_strategy, shape: ModelShape, cost: co
         phases.get("backward", 0.0), None, ("calibrated",), r0["local_world"],
         {s: measured[s][1] if measured[s][2] else Wire(tuple(reference)) for s in names}, options,
         {s: tp for s, (_, _, tp) in measured.items() if tp is not None})
-    compute = 6 * p.params * p.tokens_per_rank / p.flops_per_s
-    big = projection.Subject(
-        f"{p.params / 1e9:g}B", {s: ModelShape.uniform(p.params / options[s].get("tp_size", 1), p.layers)
-                                 for s in names}, compute / 3, 2 * compute / 3,
-        lambda s, n, group: _states(p.params, s, group), tuple(p.clusters),
-        wires={s: _wire(p, options[s]) for s in names}, options=options,
-        tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1})
     link = [projection.calibrated(cost.alpha, cost.beta)] if r0["world"] > 1 else []  # none at world 1
-    clusters = link + [
-        projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9, c.net_alpha_us * 1e-6,
-                           c.nic_GBps * 1e9, c.nics_per_node, c.label) for name, c in p.clusters.items()]
-    return projection.project([here, big], clusters, names, list(p.ranks), list(p.devices_GB)), clusters
+    clusters = link + gpu_clusters(p)
+    return projection.project([here, scale_subject(p, names, options)], clusters, names, list(p.ranks),
+                              list(p.devices_GB)), clusters
+
+
+def scale_subject(p, names: list[str], options: dict) -> projection.Subject:
+    """cfg.projection's GPT by its parameter count, at its precision: compute at the GPU's peak x efficiency,
+    memory by the planner's formula, the bucket rule on every GPU cluster."""
+    compute = 6 * p.params * p.tokens_per_rank / (RunPrecision(p.precision).peak_flops(p.gpu) * p.efficiency)
+    return projection.Subject(
+        f"{p.params / 1e9:g}B {p.precision}", {s: ModelShape.uniform(p.params / options[s].get("tp_size", 1),
+                                                                      p.layers) for s in names},
+        compute / 3, 2 * compute / 3, lambda s, n, group: _memory(p, options[s], s, n), tuple(p.clusters),
+        wires={s: _wire(p, options[s]) for s in names}, options=options,
+        tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1}, bucket_rule=True)
+
+
+def gpu_clusters(p) -> list[projection.Cluster]:
+    """cfg.projection.clusters, each with NCCL's model of its node."""
+    return [projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9,
+                               c.net_alpha_us * 1e-6, c.nic_GBps * 1e9, c.nics_per_node, c.label, _node(name, c))
+            for name, c in p.clusters.items()]
 
 
 def _wire_tp(p, strategy_cfg) -> TensorParallel:
@@ -207,23 +221,36 @@ def _wire_tp(p, strategy_cfg) -> TensorParallel:
                                  itemsize=_bytes(strategy_cfg.get("param_dtype")))
 
 
-def _bytes(dtype) -> int:
-    return 4 if dtype is None else torch.empty(0, dtype=dtype.torch_dtype).element_size()
+def _bytes(dtype, default: int = 4) -> int:
+    return default if dtype is None else torch.empty(0, dtype=dtype.torch_dtype).element_size()
 
 
 def _wire(p, strategy_cfg) -> Wire:
-    """How the projected model travels: DDP-sized buckets of p.bucket_cap_mb, in the dtypes the engine moves
-    (FSDP's param_dtype / reduce_dtype; else fp32); with tensor parallelism a rank's slices, psi / T."""
-    gather = _bytes(strategy_cfg.get("param_dtype"))
-    reduce = _bytes(strategy_cfg.get("reduce_dtype") or strategy_cfg.get("param_dtype"))
+    """How the projected model travels: buckets of p.bucket_cap_mb (on a GPU cluster the bucket rule's instead:
+    minidist.compare.pricing), in the dtypes the engine moves (FSDP's param_dtype / reduce_dtype; else the run's
+    precision's); with tensor parallelism a rank's slices, psi / T."""
+    e = RunPrecision(p.precision).compute_bytes
+    gather = _bytes(strategy_cfg.get("param_dtype"), e)
+    reduce = _bytes(strategy_cfg.get("reduce_dtype") or strategy_cfg.get("param_dtype"), e)
     return Wire.even_buckets(p.params / strategy_cfg.get("tp_size", 1), int(p.bucket_cap_mb * MIB), reduce, gather)
 
 
-def _states(psi: float, row: str, group: int) -> float:
-    """ZeRO's model states per rank as the engines keep them (fp32 AdamW: 4 + 4 + 8 bytes per parameter),
-    split over `group` ranks; a tensor-parallel row's: psi / T."""
-    strategy, tp = parse_row(row)
-    return strategies.get(strategy).model_state_bytes(psi / tp, group, 4, 4, 8)["total"]
+def _node(name: str, c) -> HopperNode:
+    """NCCL's model of a configured cluster's node: its GPUs, each with its share of the node's NICs."""
+    return HopperNode(name=name, gpus=c.gpus_per_node, nic_GBps=c.nic_GBps * c.nics_per_node / c.gpus_per_node)
+
+
+def _memory(p, strategy_cfg, row: str, n: int) -> float:
+    """Peak bytes per rank of the projected GPT (minidist.compare.plan.memory: the record's states at the run's
+    precision, its engine's buffers, activations by formula for tokens_per_rank / seq sequences of p.seq; a
+    tensor-parallel row's tp group shares T times as many)."""
+    strategy, t = parse_row(row)
+    model = GPTModel.of_params(p.params, p.layers)
+    batch = max(1, p.tokens_per_rank // p.seq)
+    lay = Layout(n // t, t, strategy=strategy, micro_batch=batch * t,
+                 sequence_parallel=bool(strategy_cfg.get("sequence_parallel", False)))
+    gpus = next((c.gpus_per_node for c in p.clusters.values()), 8)  # hybrid_shard's group: a node (all alike)
+    return plan_memory(model, lay, p.seq, p.precision, Hardware(p.gpu, gpus))["total"]
 
 
 def estimate_table(cfg) -> str:
