@@ -73,6 +73,8 @@ def test_compare_mistakes_are_one_line():
                                                    "data=synthetic (generated, the default with this model) or "
                                                    "data=cifar10"),
         (["model=resnet18", "strategies=[ddp+tp2]"], False, "tensor parallelism has a plan for model=gpt only"),
+        (["plan.precision=fp8"], True, "plan.precision='fp8': choose fp32, bf16 or fp16"),
+        (["plan.cluster=dgx"], True, "plan.cluster='dgx': choose one of h100_ib_8x400g, gpu_eth_2x100g"),
     ]:
         with pytest.raises(ConfigError) as info:
             compose_compare(argv, world=(2, 2), estimate=estimate)
