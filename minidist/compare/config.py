@@ -92,9 +92,10 @@ class EstimateConfig:
     """Device whose kernels (and so activations) are assumed: cpu or cuda."""
     params: Optional[float] = None
     """A bare parameter count instead of `model=`: ZeRO's model states only, in GB (no activations)."""
-    precision: str = "mixed"
-    """With params: "mixed" (the ZeRO paper's fp16 parameters and gradients, p = g = 2, and K = 12 of
-    fp32 Adam state: master weights, momentum, variance) or "fp32" (p = g = 4, K = 8)."""
+    precision: str = "bf16"
+    """With params: the run's precision (minidist.precision.RunPrecision): bf16 or fp16 (p = g = 2, and K = 12
+    of fp32 Adam state: master weights, momentum, variance; "mixed" is the ZeRO paper's name for fp16) or fp32
+    (p = g = 4, K = 8)."""
     gpus_per_node: int = 8
     """Processes per node of the machine estimated: hybrid_shard's shard group where its shard_size is null,
     as at runtime (a group larger than a tabulated world is that whole world)."""
@@ -252,8 +253,9 @@ def check(cfg) -> None:
     if cfg.steps < 1 or cfg.warmup_steps < 2:
         raise ValueError("steps must be >= 1 and warmup_steps >= 2: DDP rebuilds its buckets (a broadcast) in the "
                          "second step's forward, FSDP starts prefetching in the second step")
-    if cfg.estimate.precision not in ("mixed", "fp32"):
-        raise ValueError(f"estimate.precision={cfg.estimate.precision!r}: choose mixed (p = g = 2, K = 12) or fp32")
+    if cfg.estimate.precision not in ("fp32", "bf16", "fp16", "mixed"):
+        raise ValueError(f"estimate.precision={cfg.estimate.precision!r}: choose fp32 (p = g = 4, K = 8), bf16 or "
+                         f"fp16 (p = g = 2, K = 12 with fp32 masters; mixed: the ZeRO paper's name for fp16)")
     if cfg.estimate.gpus_per_node < 1:
         raise ValueError(f"estimate.gpus_per_node={cfg.estimate.gpus_per_node} must be >= 1")
     check_plan(cfg.plan, cfg.projection.clusters)

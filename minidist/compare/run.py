@@ -284,10 +284,12 @@ def estimate_table(cfg) -> str:
 def _paper_table(cfg) -> str:
     """ZeRO's model states per rank in GB for a bare parameter count (Rajbhandari et al. 2020, Figure 1)."""
     e = cfg.estimate
-    p, g, k = (2, 2, 12) if e.precision == "mixed" else (4, 4, 8)
-    lines = [f"model states per rank, GB (1e9 bytes): {e.params / 1e9:g}B parameters, "
-             f"{'mixed precision' if e.precision == 'mixed' else 'fp32'} (p = {p}, g = {g}, K = {k} bytes per "
-             f"parameter); ZeRO's formulas, no activations",
+    run = RunPrecision("fp16" if e.precision == "mixed" else e.precision)  # mixed: the paper's fp16 training
+    p = g = run.compute_bytes
+    k = run.optimizer_bytes
+    lines = [f"model states per rank, GB (1e9 bytes): {e.params / 1e9:g}B parameters, {run.name}"
+             f"{' with fp32 masters' if run.name != 'fp32' else ''} (p = {p}, g = {g}, K = {k} bytes per "
+             f"parameter); ZeRO's formulas, no activations (--plan adds them)",
              f"{'strategy':<14}{'formula':>26}" + "".join(f"{'N=' + str(n):>10}" for n in e.worlds)]
     for row in cfg.strategies:  # a tensor-parallel row: a rank's slices, psi / T, over the N / T others
         (name, t), so = parse_row(row), row_strategy(cfg, row)

@@ -90,7 +90,7 @@ def test_config_errors_are_one_line():
     from recipes.compare import compose
     for bad, words in ((["strategies=[ddp,zero9]"], "zero9 not valid"), (["warmup_steps=1"], "warmup_steps >= 2"),
                        (["strategy_options.ddp.bucket_mb=1"], "valid keys here"),
-                       (["estimate.precision=fp8"], "choose mixed")):
+                       (["estimate.precision=fp8"], "choose fp32")):
         with pytest.raises(ValueError, match=words) as info:
             compose(bad)
         assert "\n" not in str(info.value)
