@@ -10,7 +10,9 @@ the published copy to the code: scripts/docs_facts.py):
     predicted time, and whether the latency or the bandwidth term dominates;
   * minidist.memory.activations.table(): a 7.5B GPT's activations per rank at 8192 tokens in bf16,
     plain, with tensor, sequence and vocabulary parallelism, with full recompute, beside Korthikanti
-    et al.'s per-layer formula.
+    et al.'s per-layer formula;
+  * the planner (minidist.compare.plan, `recipes.compare --plan`): the layouts of that GPT that fit
+    8 HGX H100 nodes at a global batch of 256 x 4096 tokens, fastest first.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ def main() -> None:
     print(nccl.table())
     print("\n== activation memory per rank")
     print(activations.table())
+    print("\n== the planner")
+    print(plan_case())
+
+
+def plan_case() -> str:
+    """The docs' planner case: the 7.5B GPT on 8 x 8 H100s, 256 sequences of 4096 tokens per step, bf16."""
+    from minidist.compare.plan import GPTModel, Hardware
+    from minidist.compare.plan_table import report
+    return report(GPTModel.of_params(7.5e9, 32), Hardware("h100", nodes=8), 256, 4096, top=6)
 
 
 if __name__ == "__main__":

@@ -223,6 +223,9 @@ def scale_numbers(part: str) -> Callable[[], list[Fact]]:
     def facts() -> list[Fact]:
         from minidist.comm import nccl
         from minidist.memory import activations
+        if part == "plan":
+            from recipes.scale_numbers import plan_case
+            return [text("the planner's table", plan_case().strip("\n"))]
         return [text(f"the {part} table", (nccl.table() if part == "nccl" else activations.table()).strip("\n"))]
     return facts
 
@@ -321,6 +324,8 @@ def registry() -> dict[str, Snippet]:
                                      scale_numbers("nccl"))
     snippets["scale_activations"] = Snippet("scale_numbers", "every number (the formulas, minidist.memory)", "",
                                             scale_numbers("activations"))
+    snippets["scale_plan"] = Snippet("scale_numbers", "every number (the planner, minidist.compare.plan)", "",
+                                     scale_numbers("plan"))
     snippets.update(tutorial())
     snippets["pp_timeline"] = Snippet("pp_timeline", "every schedule's action lists", "the step times and the "
                                       "measured bubbles; the pictures beside it (docs/generated/pp_*.png) are "

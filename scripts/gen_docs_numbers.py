@@ -204,7 +204,8 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
     if job == "scale_numbers":  # one snippet per table
         parts = dict(re.findall(r"^== (.*?)\n(.*?)(?=^== |\Z)", output, flags=re.M | re.S))
         return {"scale_nccl": snippet(command, parts["NCCL's algorithms and protocols"]),
-                "scale_activations": snippet(command, parts["activation memory per rank"])}
+                "scale_activations": snippet(command, parts["activation memory per rank"]),
+                "scale_plan": snippet(command, parts["the planner"])}
     if job == "tutorial_check":  # two runs of the checker: the stub (exit 1), then the solution (exit 0)
         runs = re.split(r"^(?=ddp_bucketed: )", output.strip("\n"), flags=re.M)[1:]
         return {job: "\n".join(snippet(c, o) for c, o in zip(command.split("; "), runs))}

@@ -21,11 +21,17 @@ def from_config(cfg) -> str:
         c = cfg.projection.clusters[p.cluster]
         gpus, nic = c.gpus_per_node, c.nic_GBps * 8 * c.nics_per_node / c.gpus_per_node
     hw = Hardware(p.gpu, gpus, p.nodes, nic, p.memory_GB)
-    rows, rejected = plan(model, hw, p.global_batch, p.seq, p.precision, p.efficiency,
-                          strategies_=tuple(p.strategies), recompute=tuple(p.recompute))
+    return report(model, hw, p.global_batch, p.seq, p.precision, p.efficiency, p.top, strategies_=tuple(p.strategies),
+                  recompute=tuple(p.recompute))
+
+
+def report(model: GPTModel, hw: Hardware, global_batch: int, seq: int, precision: str = "bf16",
+           efficiency: float = 0.5, top: int = 12, **kw) -> str:
+    """The model's line, then table() of plan()'s rows (kw: plan's strategies_ and recompute)."""
+    rows, rejected = plan(model, hw, global_batch, seq, precision, efficiency, **kw)
     head = (f"GPT L = {model.layers}, h = {model.hidden}, a = {model.heads}, V = {model.vocab} "
-            f"({model.psi(p.seq) / 1e9:.2f}B parameters); global batch {p.global_batch} x {p.seq} tokens")
-    return head + "\n" + table(rows, rejected, hw, p.precision, p.efficiency, p.top)
+            f"({model.psi(seq) / 1e9:.2f}B parameters); global batch {global_batch} x {seq} tokens")
+    return head + "\n" + table(rows, rejected, hw, precision, efficiency, top)
 
 
 def why(row: dict) -> str:
