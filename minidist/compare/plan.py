@@ -67,8 +67,9 @@ class GPTModel:
 
     @classmethod
     def of_params(cls, psi: float, layers: int, heads: int | None = None, vocab: int = 50304) -> "GPTModel":
-        """The GPT of about psi parameters with `layers` blocks: h = sqrt(psi / 12 L), rounded to 128."""
-        h = max(128, round(math.sqrt(psi / (12 * layers)) / 128) * 128)
+        """The GPT of about psi parameters with `layers` blocks: 12 L h^2 + V h = psi, h rounded to 128."""
+        h = (-vocab + math.sqrt(vocab ** 2 + 48 * layers * psi)) / (24 * layers)
+        h = max(128, round(h / 128) * 128)
         return cls(layers, h, heads or h // 128, vocab)
 
     @classmethod
