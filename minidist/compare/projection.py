@@ -82,6 +82,8 @@ class Cluster:
     nic_Bps: float
     nics_per_node: int
     label: str = ""
+    fit: tuple[float, ...] | None = None
+    """A calibrated link's fit: (alpha, beta, their standard errors, covariance, RMS relative residual)."""
     node: HopperNode | None = None
     """NCCL's model of a node (minidist.comm.nccl): each call priced as NCCL would run it (its algorithm and
     protocol, minidist.compare.pricing); None: the alpha-beta numbers above (this machine's calibrated link)."""
@@ -116,9 +118,24 @@ class Subject:
     (equal buckets of the model's size), not the wire's."""
 
 
-def calibrated(alpha_s: float, beta_s: float) -> Cluster:
-    return Cluster("calibrated", 1, alpha_s, 1 / beta_s if beta_s else math.inf, alpha_s,
-                   1 / beta_s if beta_s else math.inf, 1, "this machine (gloo, CPU): measured alpha, beta")
+def calibrated(alpha_s: float, beta_s: float, alpha_err: float = 0.0, beta_err: float = 0.0, cov: float = 0.0,
+               residual: float = 0.0) -> Cluster:
+    """This machine's link: the calibration's alpha and beta, and its fit's errors (comm.calibrate's CostModel:
+    standard errors, covariance, RMS relative residual), which every calibrated row carries (comm_err_s)."""
+    bw = 1 / beta_s if beta_s else math.inf
+    return Cluster("calibrated", 1, alpha_s, bw, alpha_s, bw, 1, "this machine (gloo, CPU): measured alpha, beta",
+                   fit=(alpha_s, beta_s, alpha_err, beta_err, cov, residual))
+
+
+def comm_error(c: Cluster, latency_s: float, total_s: float) -> float:
+    """One sigma of a calibrated row's communication time: t = A alpha + B beta (A = latency / alpha, B = the
+    rest / beta) with the fit's (co)variances, and the fit's relative residual scattering each time about it."""
+    if c.fit is None:
+        return 0.0
+    alpha, beta, sa, sb, cov, residual = c.fit
+    a = latency_s / alpha if alpha else 0.0
+    b = (total_s - latency_s) / beta if beta else 0.0
+    return math.sqrt(max(0.0, (a * sa) ** 2 + (b * sb) ** 2 + 2 * a * b * cov) + (residual * total_s) ** 2)
 
 
 def _place(c: Cluster, call: Call) -> tuple[int, int]:
@@ -194,6 +211,7 @@ def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[floa
             "forward_s": subj.forward_s, "backward_s": subj.backward_s, "exposed_min_s": exposed,
             "hides": exposed <= HIDES * (subj.forward_s + subj.backward_s),
             "bound": pricing.bound(latency, sum(t.values()) - latency),
+            "comm_err_s": comm_error(c, latency, sum(t.values())),
             "bucket_MiB": max(wire.bucket_numels, default=0) * wire.reduce_bytes(subj.shapes[strategy]) / 2 ** 20,
             "leaves_node": any(_place(c, x)[0] > 1 for x in calls), "memory_GB": None if mem is None else mem / 1e9,
             **{f"fits_{g:g}GB": None if mem is None else mem / 1e9 <= g for g in devices_GB}}
@@ -212,7 +230,8 @@ def verdicts(rows: list[dict], devices_GB: list[float]) -> list[str]:
         for strategy in dict.fromkeys(r["strategy"] for r in mine):
             rs = [r for r in mine if r["strategy"] == strategy]
             ok, last = [r["ranks"] for r in rs if r["hides"]], rs[-1]
-            line = (f"  {strategy:<14}{(str(max(ok)) if ok else 'never'):>12}{last['comm_s'] * 1e3:>15.1f}"
+            comm = f"{last['comm_s'] * 1e3:.1f}" + (f" ± {last['comm_err_s'] * 1e3:.1f}" if last["comm_err_s"] else "")
+            line = (f"  {strategy:<14}{(str(max(ok)) if ok else 'never'):>12}{comm:>15}"
                     f"{last['exposed_min_s'] * 1e3:>15.1f}{last['bound']:>11}")
             if mem:
                 fits = [next((str(r["ranks"]) for r in rs if r[f"fits_{g:g}GB"]), "-") for g in devices_GB]

@@ -71,7 +71,7 @@ COMMUNICATION: list[Column] = [
 TIME: list[Column] = [
     ("strategy", lambda r, d: r["strategy"]),
     ("step ms", lambda r, d: _ms(r["time"]["step"])),
-    ("plain ms", lambda r, d: f"{r['time']['baseline']['median'] * 1e3:.1f}"),
+    ("plain ms", lambda r, d: _ms(r["time"]["baseline"])),
     ("overhead", lambda r, d: f"{r['time']['overhead'] * 1e3:.1f}"),
     ("alone ms", lambda r, d: f"{r['time']['alone'] * 1e3:.1f}"),
     ("hidden", lambda r, d: _pct(r["time"]["hidden"]).lstrip("+")),

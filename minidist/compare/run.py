@@ -185,7 +185,8 @@ def _projection(cfg, rows: list[dict], per_strategy, shape: ModelShape, cost: co
         phases.get("backward", 0.0), None, ("calibrated",), r0["local_world"],
         {s: measured[s][1] if measured[s][2] else Wire(tuple(reference)) for s in names}, options,
         {s: tp for s, (_, _, tp) in measured.items() if tp is not None})
-    link = [projection.calibrated(cost.alpha, cost.beta)] if r0["world"] > 1 else []  # none at world 1
+    link = ([projection.calibrated(cost.alpha, cost.beta, cost.alpha_err, cost.beta_err, cost.cov, cost.residual)]
+            if r0["world"] > 1 else [])  # none at world 1
     clusters = link + gpu_clusters(p)
     return projection.project([here, scale_subject(p, names, options)], clusters, names, list(p.ranks),
                               list(p.devices_GB)), clusters
@@ -206,7 +207,7 @@ def scale_subject(p, names: list[str], options: dict) -> projection.Subject:
 def gpu_clusters(p) -> list[projection.Cluster]:
     """cfg.projection.clusters, each with NCCL's model of its node."""
     return [projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9,
-                               c.net_alpha_us * 1e-6, c.nic_GBps * 1e9, c.nics_per_node, c.label, _node(name, c))
+                               c.net_alpha_us * 1e-6, c.nic_GBps * 1e9, c.nics_per_node, c.label, node=_node(name, c))
             for name, c in p.clusters.items()]
 
 

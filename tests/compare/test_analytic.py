@@ -94,6 +94,21 @@ def test_calibrated_is_this_machines_one_link():
         min(2 * (n - 1) * 5e-5 + 2 * s * (n - 1) / n * 1e-9, 2 * math.log2(n) * 5e-5 + 2 * s * 1e-9 / TREE_EFFICIENCY))
 
 
+def test_a_calibrated_row_carries_the_fits_error():
+    """t = A alpha + B beta: its sigma from the fit's (co)variances and its relative residual, by hand."""
+    from minidist.compare.projection import comm_error
+    link = calibrated(5e-5, 1e-9, 1e-5, 2e-10, -1e-16, 0.1)
+    shape = ModelShape.uniform(1e6, 4)
+    subject = Subject("m", {"ddp": shape}, 1.0, 2.0, clusters=("calibrated",))
+    row = project([subject], [link], ["ddp"], [4], [80.0])[0]
+    lat = sum(call_time(link, Call(c.op, 0, c.group_size)) for c in plan("ddp", shape, 4))  # the latency terms
+    a, b = lat / 5e-5, (row["comm_s"] - lat) / 1e-9
+    assert row["comm_err_s"] == pytest.approx(comm_error(link, lat, row["comm_s"])) == pytest.approx(math.sqrt(
+        (a * 1e-5) ** 2 + (b * 2e-10) ** 2 + 2 * a * b * -1e-16 + (0.1 * row["comm_s"]) ** 2))
+    assert "±" in verdicts([row], [80.0])[0]
+    assert project([subject], [calibrated(5e-5, 1e-9)], ["ddp"], [4], [80.0])[0]["comm_err_s"] == 0
+
+
 def test_verdicts_follow_each_strategys_window():
     """DDP hides behind backward only; ZeRO-1's parameter all_gather (after step) behind nothing; FSDP's gathers
     behind forward too."""
