@@ -18,6 +18,7 @@ from omegaconf import MISSING, OmegaConf
 
 from minidist import strategies
 from minidist.cli.config import Backend
+from minidist.compare.plan import STRATEGIES as PLANNED
 from minidist.parallel.parallelize import check_tensor_parallel
 from minidist.strategies.ddp import DDP_RECORD
 from minidist.strategies.schema import DType
@@ -127,7 +128,8 @@ class PlanConfig:
     """fp32, bf16 or fp16 (bf16/fp16 with fp32 masters): bytes, memory and compute alike."""
     efficiency: float = 0.5
     """The share of the dense peak the kernels reach (compute time = FLOPs / (peak x efficiency))."""
-    strategies: list[str] = field(default_factory=lambda: ["ddp", "zero1", "zero2", "full_shard", "hybrid_shard"])
+    strategies: list[str] = field(default_factory=lambda: list(PLANNED))
+    """The engines tried (minidist.compare.plan.STRATEGIES)."""
     recompute: list[str] = field(default_factory=lambda: ["none", "full"])
     top: int = 12
     """Rows printed (the fastest)."""
@@ -137,7 +139,7 @@ def check_plan(p, clusters) -> None:
     """`--plan`'s settings; ValueError (one line) naming the key."""
     from minidist.precision import PEAK_FLOPS
 
-    bad = [s for s in p.strategies if s not in ("ddp", "zero1", "zero2", "full_shard", "hybrid_shard")]
+    bad = [s for s in p.strategies if s not in PLANNED]
     rules = [(p.precision in ("fp32", "bf16", "fp16"), f"plan.precision={p.precision!r}: choose fp32, bf16 or fp16"),
              (p.gpu in PEAK_FLOPS, f"plan.gpu={p.gpu!r}: choose one of {', '.join(PEAK_FLOPS)}"),
              (p.cluster is None or p.cluster in clusters,
@@ -145,8 +147,7 @@ def check_plan(p, clusters) -> None:
              (min(p.nodes, p.gpus_per_node, p.global_batch, p.seq, p.layers, p.top) >= 1,
               "plan.nodes, gpus_per_node, global_batch, seq, layers and top must be >= 1"),
              (0 < p.efficiency <= 1, f"plan.efficiency={p.efficiency} must be in (0, 1]"),
-             (not bad, f"plan.strategies: {', '.join(bad)} not planned; choose from ddp, zero1, zero2, full_shard, "
-                       f"hybrid_shard"),
+             (not bad, f"plan.strategies: {', '.join(bad)} not planned; choose from {', '.join(PLANNED)}"),
              (set(p.recompute) <= {"none", "full"} and p.recompute, "plan.recompute: a list of none and full")]
     for ok, message in rules:
         if not ok:
