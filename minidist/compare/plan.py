@@ -196,7 +196,8 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
     tokens = global_batch * seq / hw.gpus  # per GPU, as MFU counts them
     model_flops = (6 * model.psi(seq) + 6 * model.layers * seq * model.hidden) * tokens
     compute = model_flops * (4 / 3 if lay.recompute == "full" else 1) / (peak * efficiency)
-    fwd, bwd = compute / 4 if lay.recompute == "full" else compute / 3, compute * (3 / 4 if lay.recompute == "full" else 2 / 3)
+    fwd = compute / (4 if lay.recompute == "full" else 3)  # a backward is two forwards; recompute adds one
+    bwd = compute - fwd
     wire = Wire.even_buckets(shape.psi, int(cfg.bucket_cap_mb * pricing.MIB), e, e) if "bucket_cap_mb" in cfg \
         else Wire(itemsize=e)
     tp = None
@@ -271,11 +272,11 @@ def layouts(model: GPTModel, hw: Hardware, global_batch: int, seq: int, strategi
 def plan(model: GPTModel, hw: Hardware, global_batch: int, seq: int, precision: RunPrecision | str = "bf16",
          efficiency: float = 0.5, **kw) -> tuple[list[dict], int]:
     """(rows of the layouts that fit, fastest first, each the largest micro-batch that fits; how many did not)."""
-    fits: dict[tuple, dict] = {}
-    tried = 0
+    fits: dict[Layout, dict] = {}
+    tried: set[Layout] = set()
     for lay in layouts(model, hw, global_batch, seq, **kw):
         key = replace(lay, micro_batch=0)
-        tried += key not in fits and lay.micro_batch == 1
+        tried.add(key)
         mem = memory(model, lay, seq, precision, hw)
         if mem["total"] > hw.device_GB * GB:
             continue
@@ -283,4 +284,4 @@ def plan(model: GPTModel, hw: Hardware, global_batch: int, seq: int, precision: 
         if key not in fits or row["step_s"] < fits[key]["step_s"]:
             fits[key] = row
     rows = sorted(fits.values(), key=lambda r: r["step_s"])
-    return rows, tried - len(rows)
+    return rows, len(tried) - len(rows)

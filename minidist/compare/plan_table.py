@@ -51,8 +51,8 @@ def table(rows: list[dict], rejected: int, hw: Hardware, precision: str, efficie
     """The planner's output: one line per layout that fits, fastest first, and a line of why under each."""
     p = RunPrecision(precision)
     lines = [f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu} ({hw.device_GB:g} GB, {hw.nic_Gbps:g} Gb/s NIC per GPU)",
-             f"precision: {p.describe()}", f"compute at {efficiency:.0%} of the {p.peak_flops(hw.gpu) / 1e12:.0f} TFLOP/s "
-             f"peak; {len(rows)} layouts fit, {rejected} do not; ranked by projected step time",
+             f"precision: {p.describe()}",
+             f"compute at {efficiency:.0%} of the {p.peak_flops(hw.gpu) / 1e12:.0f} TFLOP/s peak; {len(rows)} layouts fit, {rejected} do not; ranked by projected step time",
              f"{'layout':<40}{'step s':>8}{'MFU':>6}{'params':>7}{'grads':>7}{'optim':>7}{'buffers':>8}{'acts':>7}"
              f"{'GB':>7}{'exposed s':>10}{'bubble':>7}{'cp s':>6}"]
     for r in rows[:top]:

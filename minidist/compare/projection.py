@@ -45,7 +45,8 @@ step's compute (HIDES; a clip's one-scalar all_reduce costs latency only). Neces
 sufficient: the first gather and the last reduction always show. Memory: the per-rank
 estimate (the measured model: minidist.compare.estimate, activations included) or, for a model
 given by its parameter count, the planner's (minidist.compare.plan.memory: the record's states at
-the run's precision + the engine's buffers + activations by formula) against each device size. A strategy's states are split over its record's state_group at that rank count:
+the run's precision + the engine's buffers + activations by formula) against each device size.
+A strategy's states are split over its record's state_group at that rank count:
 hybrid_shard's shard group is a node (the cluster's GPUs per node) unless its shard_size says
 otherwise, as at runtime.
 """

@@ -160,8 +160,9 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
     wrap = lambda text: "\n".join(textwrap.wrap(text, 120))  # noqa: E731
     print("\n\n".join([wrap(header.splitlines()[0].lstrip("# ")), wrap(header.splitlines()[-1]),
                        rep.terminal(rows, ddp_bytes),
-                       wrap(f"projection ({cfg.projection.precision}): per call NCCL's choice (tuning.cc); exposed >= what compute cannot hide (forward "
-                            "calls behind forward, backward calls behind backward, ZeRO's parameter exchange and "
+                       wrap(f"projection ({cfg.projection.precision}): per call NCCL's choice (tuning.cc); exposed "
+                            ">= what compute cannot hide (forward calls behind forward, backward calls behind "
+                            "backward, ZeRO's parameter exchange and "
                             "TP's calls behind nothing: the next layer waits for TP's):")
                        + "\n" + "\n".join(projection.verdicts(proj_rows, devices)),
                        wrap(f"outputs in {run_dir}: " + ", ".join(f.name for f in files))]), flush=True)
