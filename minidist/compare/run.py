@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import textwrap
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -24,10 +22,9 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from minidist import Topology, comm, strategies
-from minidist.comm.nccl_graphs import HopperNode
-from minidist.compare import plots, projection, report as rep, timeline
+from minidist.compare import at_scale, plots, projection, report as rep, timeline
 from minidist.compare.analysis import strategy_row, tensor_parallel_of
-from minidist.compare.analytic import TensorParallel, plan, ring_bytes
+from minidist.compare.analytic import plan, ring_bytes
 from minidist.compare.config import REFERENCE, check_rows_world, parse_row, row_strategy
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.measure import measure_strategy
@@ -188,71 +185,9 @@ def _projection(cfg, rows: list[dict], per_strategy, shape: ModelShape, cost: co
         {s: tp for s, (_, _, tp) in measured.items() if tp is not None})
     link = ([projection.calibrated(cost.alpha, cost.beta, cost.alpha_err, cost.beta_err, cost.cov, cost.residual)]
             if r0["world"] > 1 else [])  # none at world 1
-    clusters = link + gpu_clusters(p)
-    return projection.project([here, scale_subject(p, names, options)], clusters, names, list(p.ranks),
+    clusters = link + at_scale.gpu_clusters(p)
+    return projection.project([here, at_scale.subject(p, names, options)], clusters, names, list(p.ranks),
                               list(p.devices_GB)), clusters
-
-
-def scale_subject(p, names: list[str], options: dict) -> projection.Subject:
-    """cfg.projection's GPT by its parameter count, at its precision: compute at the GPU's peak x efficiency,
-    memory by the planner's formula, the bucket rule on every GPU cluster."""
-    compute = 6 * p.params * p.tokens_per_rank / (RunPrecision(p.precision).peak_flops(p.gpu) * p.efficiency)
-    return projection.Subject(
-        f"{p.params / 1e9:g}B {p.precision}", {s: ModelShape.uniform(p.params / options[s].get("tp_size", 1),
-                                                                      p.layers) for s in names},
-        compute / 3, 2 * compute / 3, lambda s, n, group: _memory(p, options[s], s, n), tuple(p.clusters),
-        wires={s: _wire(p, options[s]) for s in names}, options=options,
-        tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1}, bucket_rule=True)
-
-
-def gpu_clusters(p) -> list[projection.Cluster]:
-    """cfg.projection.clusters, each with NCCL's model of its node."""
-    return [projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9,
-                               c.net_alpha_us * 1e-6, c.nic_GBps * 1e9, c.nics_per_node, c.label, node=_node(name, c))
-            for name, c in p.clusters.items()]
-
-
-def _wire_tp(p, strategy_cfg) -> TensorParallel:
-    """TP's calls for the projected model: L = p.layers blocks of width h = sqrt(psi / 12 L) (a GPT block
-    holds 12 h^2 parameters), a tp group sharing T x tokens_per_rank tokens, in the engine's param dtype."""
-    width = round(math.sqrt(p.params / (12 * p.layers)))
-    shape = types.SimpleNamespace(n_layer=p.layers, n_embd=width)
-    return TensorParallel.of_gpt(shape, strategy_cfg.tp_size, p.tokens_per_rank, strategy_cfg.tp_size, 1,
-                                 sequence_parallel=strategy_cfg.sequence_parallel,
-                                 vocab_parallel=strategy_cfg.vocab_parallel,
-                                 itemsize=_bytes(strategy_cfg.get("param_dtype")))
-
-
-def _bytes(dtype, default: int = 4) -> int:
-    return default if dtype is None else torch.empty(0, dtype=dtype.torch_dtype).element_size()
-
-
-def _wire(p, strategy_cfg) -> Wire:
-    """How the projected model travels: buckets of p.bucket_cap_mb (on a GPU cluster the bucket rule's instead:
-    minidist.compare.pricing), in the dtypes the engine moves (FSDP's param_dtype / reduce_dtype; else the run's
-    precision's); with tensor parallelism a rank's slices, psi / T."""
-    e = RunPrecision(p.precision).compute_bytes
-    gather = _bytes(strategy_cfg.get("param_dtype"), e)
-    reduce = _bytes(strategy_cfg.get("reduce_dtype") or strategy_cfg.get("param_dtype"), e)
-    return Wire.even_buckets(p.params / strategy_cfg.get("tp_size", 1), int(p.bucket_cap_mb * MIB), reduce, gather)
-
-
-def _node(name: str, c) -> HopperNode:
-    """NCCL's model of a configured cluster's node: its GPUs, each with its share of the node's NICs."""
-    return HopperNode(name=name, gpus=c.gpus_per_node, nic_GBps=c.nic_GBps * c.nics_per_node / c.gpus_per_node)
-
-
-def _memory(p, strategy_cfg, row: str, n: int) -> float:
-    """Peak bytes per rank of the projected GPT (minidist.compare.plan.memory: the record's states at the run's
-    precision, its engine's buffers, activations by formula for tokens_per_rank / seq sequences of p.seq; a
-    tensor-parallel row's tp group shares T times as many)."""
-    strategy, t = parse_row(row)
-    model = GPTModel.of_params(p.params, p.layers)
-    batch = max(1, p.tokens_per_rank // p.seq)
-    lay = Layout(n // t, t, strategy=strategy, micro_batch=batch * t,
-                 sequence_parallel=bool(strategy_cfg.get("sequence_parallel", False)))
-    gpus = next((c.gpus_per_node for c in p.clusters.values()), 8)  # hybrid_shard's group: a node (all alike)
-    return plan_memory(model, lay, p.seq, p.precision, Hardware(p.gpu, gpus))["total"]
 
 
 def estimate_table(cfg) -> str:
@@ -268,8 +203,8 @@ def estimate_table(cfg) -> str:
              f"(K = {k} bytes/param); in brackets ZeRO's model states alone, (p + g + K) psi family",
              f"{'strategy':<14}" + "".join(f"{'N=' + str(n):>20}" for n in e.worlds)]
     for name in cfg.strategies:
-        if parse_row(name)[1] > 1:  # the engines' footprints describe data parallelism only
-            lines.append(f"{name:<14}  not estimated (tensor parallelism: the footprints describe data parallelism)")
+        if parse_row(name)[1] > 1:  # by the planner's formula (the profile knows no tensor parallelism)
+            lines.append(f"{name:<14}" + "".join(f"{c:>20}" for c in _tp_cells(cfg, name, dtype)))
             continue
         so, record = cfg.strategy_options[name], strategies.get(name)
         cells = []
@@ -281,6 +216,23 @@ def estimate_table(cfg) -> str:
             cells.append(f"{est.total / MIB:9.2f} [{states / MIB:8.2f}]")
         lines.append(f"{name:<14}" + "".join(f"{c:>20}" for c in cells))
     return "\n".join(lines)
+
+
+def _tp_cells(cfg, row: str, dtype: torch.dtype) -> list[str]:
+    """A tensor-parallel row's peak per rank by the planner's formula (minidist.compare.plan.memory: the record's
+    states over the sliced model, its engine's buffers, the activations of the tp group's T x batch sequences;
+    within 5% of the allocator at 4 processes: tests/compare/test_plan.py), MiB; "-" where T does not divide
+    the world. The formula knows minidist's GPT trained in fp32 with AdamW only."""
+    strategy, t = parse_row(row)
+    if cfg.model.name != "gpt" or dtype != torch.float32 or cfg.optim.name != "adamw":
+        return ["not estimated"] * len(cfg.estimate.worlds)
+    e, so, model = cfg.estimate, cfg.strategy_options[strategy], GPTModel.of_config(cfg.model)
+    lays = {n: Layout(n // t, t, strategy=strategy, micro_batch=cfg.trainer.batch_size * t,
+                      sequence_parallel=bool(so.sequence_parallel)) for n in e.worlds if n % t == 0}
+    hw = Hardware(gpus_per_node=e.gpus_per_node)
+    peak = {n: plan_memory(model, lay, cfg.model.block_size, "fp32", hw, device=e.device)["total"]
+            for n, lay in lays.items()}
+    return [f"{peak[n] / MIB:9.2f} (formula)" if n in peak else "-" for n in e.worlds]
 
 
 def _paper_table(cfg) -> str:

@@ -83,7 +83,10 @@ def test_estimate_recipe_prints_every_strategy_and_world():
                                   "trainer.batch_size=2", "estimate.worlds=[1,4]"], estimate=True)).splitlines()
     assert "N=4" in out[1] and [line.split()[0] for line in out[2:]] == [
         "ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard", "ddp+tp2"]
-    assert "not estimated" in out[-1]  # the footprints describe data parallelism only
+    assert out[-1].split()[1:] == ["-", out[-1].split()[2], "(formula)"]  # TP: the planner's formula where T | N
+    sgd = estimate_table(compose(["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8",
+                                  "optim=sgd", "strategies=[ddp+tp2]", "estimate.worlds=[2]"], estimate=True))
+    assert "not estimated" in sgd.splitlines()[-1]  # the formula knows AdamW in fp32 only
 
 
 def test_config_errors_are_one_line():

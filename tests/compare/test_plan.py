@@ -101,14 +101,14 @@ def test_bucket_rule_amortises_latency_as_ranks_grow():
 def test_the_projection_counts_activations_at_the_runs_precision_and_sizes_buckets():
     """The 7.5B GPT at 8192 tokens per rank in bf16 (the issue's case): DDP's 16 psi + activations fit no device,
     ZeRO-1 not 80 GB at 8 ranks; ZeRO's buckets grow with the ranks, so its calls are bandwidth-bound at 1024."""
-    from minidist.compare import projection, run
+    from minidist.compare import at_scale, projection
     from minidist.compare.config import row_strategy
     from minidist.recipes.compare import compose
 
     cfg = compose(["strategies=[ddp,zero1]", "projection.ranks=[8,1024]"], estimate=True)
     p = cfg.projection
-    subject = run.scale_subject(p, ["ddp", "zero1"], {s: row_strategy(cfg, s) for s in ("ddp", "zero1")})
-    rows = projection.project([subject], run.gpu_clusters(p)[:1], ["ddp", "zero1"], [8, 1024], [80.0, 141.0])
+    subject = at_scale.subject(p, ["ddp", "zero1"], {s: row_strategy(cfg, s) for s in ("ddp", "zero1")})
+    rows = projection.project([subject], at_scale.gpu_clusters(p)[:1], ["ddp", "zero1"], [8, 1024], [80.0, 141.0])
     by = {(r["strategy"], r["ranks"]): r for r in rows}
     assert by["ddp", 8]["memory_GB"] > 141 and not by["ddp", 8]["fits_141GB"]
     assert 80 < by["zero1", 8]["memory_GB"] < 141

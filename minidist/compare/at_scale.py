@@ -1,0 +1,93 @@
+"""The comparison's second model, known by its parameter count, projected on GPU clusters at the run's precision.
+
+    subject = at_scale.subject(cfg.projection, rows, options)     # a projection.Subject
+    clusters = at_scale.gpu_clusters(cfg.projection)              # each with NCCL's model of its node
+
+The GPT of projection.params parameters in projection.layers blocks (minidist.compare.plan.GPTModel),
+projection.tokens_per_rank tokens per rank in sequences of projection.seq: its compute at the GPU's
+dense peak at projection.precision x projection.efficiency (1/3 forward, 2/3 backward), its memory
+per rank the planner's (states + the engine's buffers + activations), its buckets the bucket rule's
+(minidist.compare.pricing) at each rank count, its bytes at the precision's (or the strategy's own
+param_dtype / reduce_dtype).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import torch
+
+from minidist.comm.nccl_graphs import HopperNode
+from minidist.compare import projection
+from minidist.compare.analytic import TensorParallel
+from minidist.compare.config import parse_row
+from minidist.compare.plan import GPTModel, Hardware, Layout, memory as plan_memory
+from minidist.precision import RunPrecision
+from minidist.shape import ModelShape
+from minidist.strategies import Wire
+
+MIB = 2 ** 20
+
+
+def subject(p, names: list[str], options: dict) -> projection.Subject:
+    """cfg.projection's GPT by its parameter count, at its precision: compute at the GPU's peak x efficiency,
+    memory by the planner's formula, the bucket rule on every GPU cluster."""
+    compute = 6 * p.params * p.tokens_per_rank / (RunPrecision(p.precision).peak_flops(p.gpu) * p.efficiency)
+    return projection.Subject(
+        f"{p.params / 1e9:g}B {p.precision}", {s: ModelShape.uniform(p.params / options[s].get("tp_size", 1),
+                                                                      p.layers) for s in names},
+        compute / 3, 2 * compute / 3, lambda s, n, group: _memory(p, options[s], s, n), tuple(p.clusters),
+        wires={s: _wire(p, options[s]) for s in names}, options=options,
+        tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1}, bucket_rule=True)
+
+
+def gpu_clusters(p) -> list[projection.Cluster]:
+    """cfg.projection.clusters, each with NCCL's model of its node."""
+    return [projection.Cluster(name, c.gpus_per_node, c.intra_alpha_us * 1e-6, c.intra_GBps * 1e9,
+                               c.net_alpha_us * 1e-6, c.nic_GBps * 1e9, c.nics_per_node, c.label, node=_node(name, c))
+            for name, c in p.clusters.items()]
+
+
+def _wire_tp(p, strategy_cfg) -> TensorParallel:
+    """TP's calls for the projected model: L = p.layers blocks of width h = sqrt(psi / 12 L) (a GPT block
+    holds 12 h^2 parameters), a tp group sharing T x tokens_per_rank tokens, in the engine's param dtype."""
+    width = round(math.sqrt(p.params / (12 * p.layers)))
+    shape = types.SimpleNamespace(n_layer=p.layers, n_embd=width)
+    return TensorParallel.of_gpt(shape, strategy_cfg.tp_size, p.tokens_per_rank, strategy_cfg.tp_size, 1,
+                                 sequence_parallel=strategy_cfg.sequence_parallel,
+                                 vocab_parallel=strategy_cfg.vocab_parallel,
+                                 itemsize=_bytes(strategy_cfg.get("param_dtype"),
+                                                 RunPrecision(p.precision).compute_bytes))
+
+
+def _bytes(dtype, default: int = 4) -> int:
+    return default if dtype is None else torch.empty(0, dtype=dtype.torch_dtype).element_size()
+
+
+def _wire(p, strategy_cfg) -> Wire:
+    """How the projected model travels: buckets of p.bucket_cap_mb (on a GPU cluster the bucket rule's instead:
+    minidist.compare.pricing), in the dtypes the engine moves (FSDP's param_dtype / reduce_dtype; else the run's
+    precision's); with tensor parallelism a rank's slices, psi / T."""
+    e = RunPrecision(p.precision).compute_bytes
+    gather = _bytes(strategy_cfg.get("param_dtype"), e)
+    reduce = _bytes(strategy_cfg.get("reduce_dtype") or strategy_cfg.get("param_dtype"), e)
+    return Wire.even_buckets(p.params / strategy_cfg.get("tp_size", 1), int(p.bucket_cap_mb * MIB), reduce, gather)
+
+
+def _node(name: str, c) -> HopperNode:
+    """NCCL's model of a configured cluster's node: its GPUs, each with its share of the node's NICs."""
+    return HopperNode(name=name, gpus=c.gpus_per_node, nic_GBps=c.nic_GBps * c.nics_per_node / c.gpus_per_node)
+
+
+def _memory(p, strategy_cfg, row: str, n: int) -> float:
+    """Peak bytes per rank of the projected GPT (minidist.compare.plan.memory: the record's states at the run's
+    precision, its engine's buffers, activations by formula for tokens_per_rank / seq sequences of p.seq; a
+    tensor-parallel row's tp group shares T times as many)."""
+    strategy, t = parse_row(row)
+    model = GPTModel.of_params(p.params, p.layers)
+    batch = max(1, p.tokens_per_rank // p.seq)
+    lay = Layout(n // t, t, strategy=strategy, micro_batch=batch * t,
+                 sequence_parallel=bool(strategy_cfg.get("sequence_parallel", False)))
+    gpus = next((c.gpus_per_node for c in p.clusters.values()), 8)  # hybrid_shard's group: a node (all alike)
+    return plan_memory(model, lay, p.seq, p.precision, Hardware(p.gpu, gpus))["total"]
