@@ -67,10 +67,11 @@ class GPTModel:
 
     @classmethod
     def of_params(cls, psi: float, layers: int, heads: int | None = None, vocab: int = 50304) -> "GPTModel":
-        """The GPT of about psi parameters with `layers` blocks: 12 L h^2 + V h = psi, h rounded to 128."""
+        """The GPT of about psi parameters with `layers` blocks: 12 L h^2 + V h = psi, h rounded to 128; heads
+        (unless given) the power of two nearest below h / 128, at most 128, so that every tp up to it divides them."""
         h = (-vocab + math.sqrt(vocab ** 2 + 48 * layers * psi)) / (24 * layers)
         h = max(128, round(h / 128) * 128)
-        return cls(layers, h, heads or h // 128, vocab)
+        return cls(layers, h, heads or min(128, 2 ** int(math.log2(h // 128))), vocab)
 
     @classmethod
     def of_config(cls, cfg) -> "GPTModel":
