@@ -17,9 +17,10 @@ lat + S / bw per call, so the share of a step's reduction spent in latency is la
 DeepSpeed's reduce_bucket_size (5e8 elements) is sized so that share stays small at the largest
 scales; here it is derived from the cluster instead: the smallest power of two from DDP's 25 MiB
 to 1 GiB at which NCCL's predicted reduce_scatter (ZeRO's and FSDP's call; DDP's all_reduce is
-never slower to amortise) over `ranks` spends at most LATENCY_SHARE of its time in latency. At 8
-ranks on one HGX node that is 25 MiB (DDP's default already amortises); at 1024 ranks it grows to
-hundreds of MiB: a ring's latency term grows with the ranks, its bandwidth term does not.
+never slower to amortise) over `ranks` spends at most LATENCY_SHARE of its time in latency. On HGX H100
+nodes with a 400 Gb/s NIC per GPU that is 64 MiB at 8 ranks, 128 MiB at 16, 512 MiB at 64 and the
+1 GiB cap from 256 (tests/compare/test_plan.py): a ring's latency term grows with the ranks, its
+bandwidth term does not.
 """
 
 from __future__ import annotations
