@@ -36,6 +36,7 @@ import itertools
 import math
 import types
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from minidist import strategies
 from minidist.comm.nccl_graphs import HopperNode
@@ -136,6 +137,11 @@ class Layout:
 
 def _engine(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, hw: Hardware):
     """(record, its config with the bucket rule's size, the data-parallel ranks, the state group, rank shape)."""
+    return _engine_of(model, replace(lay, micro_batch=0, recompute="none"), seq, precision, hw)
+
+
+@lru_cache(maxsize=4096)  # composing a preset (OmegaConf) costs milliseconds; a plan asks for each many times
+def _engine_of(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, hw: Hardware):
     record = strategies.get(lay.strategy)
     world = lay.dp * lay.cp  # cp ranks hold the same weights: their gradients are reduced with dp's
     fields = {"bucket_cap_mb": pricing.bucket_bytes(hw.node(), world) / pricing.MIB} \

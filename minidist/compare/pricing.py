@@ -26,6 +26,7 @@ bandwidth term does not.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from functools import lru_cache
 
 from minidist.comm import nccl
@@ -73,13 +74,13 @@ def price(node: HopperNode, calls: list[Call], algorithms: tuple[str, ...] = ncc
     """Seconds per phase (forward, backward, after, critical, back to back), and the sums of the chosen
     calls' latency and bandwidth terms (latency_s, bandwidth_s)."""
     out = dict.fromkeys(("forward", "backward", "after", "critical", "latency_s", "bandwidth_s"), 0.0)
-    for call in calls:
+    for call, k in Counter(calls).items():  # equal buckets, TP's per-layer calls: priced once each
         c = choice(node, call, algorithms)
         if c is None:
             continue
-        out[call.phase] += c.seconds
-        out["latency_s"] += c.latency_s
-        out["bandwidth_s"] += c.seconds - c.latency_s
+        out[call.phase] += k * c.seconds
+        out["latency_s"] += k * c.latency_s
+        out["bandwidth_s"] += k * (c.seconds - c.latency_s)
     return out
 
 
