@@ -59,15 +59,20 @@ def measured(model: GPT) -> int:
             with peak.window():
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     result = model(idx, tgt)
-        live: dict[int, int] = {}
-        for _, ptr, nbytes in peak.events:
-            if nbytes > 0:
-                live[ptr] = nbytes
-            else:
-                live.pop(ptr, None)
         del result
-        best = min(best or 1 << 62, sum(live.values()))
+        best = min(best or 1 << 62, alive(peak.events))
     return best
+
+
+def alive(events) -> int:
+    """Bytes allocated and not freed by the end, from the profiler's (time, address, signed bytes) events."""
+    live: dict[int, int] = {}
+    for _, ptr, nbytes in events:
+        if nbytes > 0:
+            live[ptr] = nbytes
+        else:
+            live.pop(ptr, None)
+    return sum(live.values())
 
 
 def formula_row(name: str, par: Parallelism) -> tuple[str, float, float, float]:

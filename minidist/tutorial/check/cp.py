@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from minidist.tutorial.check.instruments import Memory, Profiled, kernel_bytes, over_ranks
+from minidist.tutorial.check.instruments import Memory, Profiled, kernel_bytes, largest_difference, over_ranks
 from minidist.tutorial.check.models import seeded
 from minidist.tutorial.check.verdict import Check, Verdict, kib
 
@@ -50,10 +50,7 @@ def equals_one_process(mod: ModuleType) -> Verdict:
     n, r = dist.get_world_size(), dist.get_rank()
     pairs = {"output": (out, ref.chunk(n, 2)[r])}
     pairs.update({f"{name}'s gradient": (a.grad, b.grad.chunk(n, 2)[r]) for name, a, b in zip("qkv", local, full)})
-    errs = {k_: float("inf") if a is None or a.shape != b.shape else (a - b).abs().max().item()
-            for k_, (a, b) in pairs.items()}
-    worst = max(errs, key=errs.get)
-    err = over_ranks(errs[worst])
+    worst, err = largest_difference(pairs)
     return Verdict(err < 1e-5, f"largest difference from causal attention on one process: {err:.1e} ({worst}; want "
                    f"< 1e-5 for the chunk's output and its q, k and v gradients)")
 

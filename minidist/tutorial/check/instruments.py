@@ -52,6 +52,15 @@ def over_ranks(value: float, op=dist.ReduceOp.MAX) -> float:
     return float(t)
 
 
+def largest_difference(pairs: dict[str, tuple]) -> tuple[str, float]:
+    """(which, how much) of the named (got, want) tensor pairs differs most, over every rank (inf: a
+    missing tensor or a wrong shape)."""
+    errs = {k: float("inf") if a is None or a.shape != b.shape else (a - b).abs().max().item()
+            for k, (a, b) in pairs.items()}
+    worst = max(errs, key=errs.get)
+    return worst, over_ranks(errs[worst])
+
+
 def kernel_bytes(fn: Callable[[], object]) -> tuple[float, float]:
     """(mean, largest) over the ranks of the bytes each process wrote while fn() ran, as the kernel counts them."""
     with kernel_io.written() as w:
