@@ -257,6 +257,18 @@ def cp_ring() -> list[Fact]:
             for c in Chunking]
 
 
+def activation_memory() -> list[Fact]:
+    """The formula columns of recipes/activation_memory.py at N = 1, 2, 4 (the measured column is the profiler's)."""
+    from recipes import activation_memory as am
+    facts = []
+    for n in (1, 2, 4):
+        for name, par in am.layouts(n):
+            _, total, layer, paper = am.formula_row(name, par)
+            facts += [cell(f"{name}: {col}", name, col, f"{v / 1024:.1f}")
+                      for col, v in (("formula", total), ("layer", layer), ("paper", paper))]
+    return facts
+
+
 # code quoted from the package --------------------------------------------------
 
 CODE_QUOTES = {
@@ -336,6 +348,9 @@ def registry() -> dict[str, Snippet]:
     snippets["cp_ring"] = Snippet("cp_ring", "the tiles each rank computes at each step",
                                   "the messages and busy times (from the run's trace and clock); the picture beside "
                                   "it, docs/generated/cp_ring.png, is redrawn with it", cp_ring)
+    snippets["activation_memory"] = Snippet("activation_memory", "the formula columns (minidist.memory.activations, "
+                                            "Korthikanti et al.'s per layer)", "the measured column (torch's profiler) "
+                                            "and its ratio", activation_memory)
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job not in ("code", "strategies") and not any(s.job == job for s in snippets.values()):

@@ -74,6 +74,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_pp_long": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py --microbatches 8 --forward-ms 80 "
                       f"--schedules gpipe 1f1b", 600),
     "cp_ring": (f"{TORCHRUN.format(n=4)} -m recipes.cp_ring --out docs/generated", 300),
+    "activation_memory": ("; ".join(f"{TORCHRUN.format(n=n)} -m recipes.activation_memory" for n in (1, 2, 4)), 600),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")
@@ -208,6 +209,9 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
                 "scale_plan": snippet(command, parts["the planner"])}
     if job == "tutorial_check":  # two runs of the checker: the stub (exit 1), then the solution (exit 0)
         runs = re.split(r"^(?=ddp_bucketed: )", output.strip("\n"), flags=re.M)[1:]
+        return {job: "\n".join(snippet(c, o) for c, o in zip(command.split("; "), runs))}
+    if job == "activation_memory":  # one run per world size, each printing its table
+        runs = re.split(r"^(?=== N = )", output.strip("\n"), flags=re.M)[1:]
         return {job: "\n".join(snippet(c, o) for c, o in zip(command.split("; "), runs))}
     if job == "traced_step":  # one section per engine; the pictures are written beside (step_<engine>.png)
         from recipes.traced_step import ENGINES

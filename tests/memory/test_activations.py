@@ -27,6 +27,7 @@ def forward_bytes(model, precision: str, compute_params: bool, repeats: int = 1,
     caller) stays counted (minidist.compare.allocator); its error is one-sided, the least is the best.
     """
     from minidist.compare.allocator import AllocatorPeak
+    from recipes.activation_memory import alive
     g = torch.Generator().manual_seed(seed)
     idx, tgt = (torch.randint(0, CFG["vocab_size"], (BATCH, CFG["block_size"]), generator=g) for _ in range(2))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -40,14 +41,8 @@ def forward_bytes(model, precision: str, compute_params: bool, repeats: int = 1,
             with peak.window():
                 with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
                     result = model(idx, tgt)
-        live: dict[int, int] = {}
-        for _, ptr, nbytes in peak.events:
-            if nbytes > 0:
-                live[ptr] = nbytes
-            else:
-                live.pop(ptr, None)
         del result
-        out.append(sum(live.values()))
+        out.append(alive(peak.events))
     return min(out)
 
 

@@ -66,6 +66,23 @@ def test_a_wrong_implementation_fails_the_checks_that_name_its_mistakes(run_dist
         verdicts["all_reduces per step"][1], verdicts
 
 
+def _gpipe_as_1f1b(path: str) -> list:
+    from minidist.tutorial.check.rungs import run_checks
+    return run_checks("pp", path)
+
+
+def test_a_1f1b_that_runs_gpipes_order_fails_only_the_memory_check(run_dist, tmp_path):
+    """Both orders train alike and send alike: only the activations held tell 1F1B from GPipe."""
+    mine = tmp_path / "mine.py"
+    source = (ROOT / "minidist/tutorial/pp.py").read_text()
+    mine.write_text(source.replace('    if schedule != "1f1b":', '    if schedule in ("1f1b", "gpipe"):  # wrong'
+                                   '\n        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]'
+                                   '\n    if schedule != "1f1b":'))
+    verdicts = {name: (ok, detail) for name, ok, detail in run_dist(2, _gpipe_as_1f1b, str(mine))[0]}
+    assert [n for n, (ok, _) in verdicts.items() if not ok] == ["activations held"], verdicts
+    assert "1F1B at most" in verdicts["activations held"][1], verdicts
+
+
 def test_the_command_passes_a_solution_in_its_own_world():
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "minidist.tutorial.check", "tp", "minidist/tutorial/tp.py"],

@@ -17,7 +17,7 @@ each stub fails), and they measure with instruments minidist does not own:
     memory        torch's MemTracker: every tensor storage created, resized and freed (instruments.py
                   says why not the profiler's allocator events: frees on gloo's threads go unseen)
 
-Modules: rungs (the registry, loading your file, running the checks), ddp, zero, fsdp, tp (each
-rung's checks), instruments (profiler, MemTracker, kernel), models (the checker's models and data), world
+Modules: rungs (the registry, loading your file, running the checks), ddp, zero, fsdp, tp, pp, cp
+(each rung's checks), instruments (profiler, MemTracker, kernel), models (the checker's models and data), world
 (the spawned processes), verdict (a check and its result).
 """

@@ -20,19 +20,27 @@ whatever thread it happens. The profiler's allocator events (profile_memory) wou
 torch instrument, but it follows the thread that started it only: a block a collective's work
 object releases on gloo's worker thread (an all_gather's output, a reduce_scatter's input) is never
 seen freed (seen here: 27 KiB of ZeRO-1's all_gather output kept on one rank of two, and every
-FSDP gradient handed to a reduce_scatter).
+FSDP gradient handed to a reduce_scatter). MemTracker also follows modules, and refuses a module
+called again at the top of one block (a pipeline stage runs once per micro-batch): `Storages` is
+its mechanism without the module tracking, torch's dispatcher reporting every storage an
+operator returns, and a weak reference to that storage its release.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
+import threading
 import warnings
+import weakref
 from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from minidist.comm import kernel_io
 
@@ -42,6 +50,15 @@ def over_ranks(value: float, op=dist.ReduceOp.MAX) -> float:
     t = torch.tensor(float(value), dtype=torch.float64)
     dist.all_reduce(t, op)
     return float(t)
+
+
+def largest_difference(pairs: dict[str, tuple]) -> tuple[str, float]:
+    """(which, how much) of the named (got, want) tensor pairs differs most, over every rank (inf: a
+    missing tensor or a wrong shape)."""
+    errs = {k: float("inf") if a is None or a.shape != b.shape else (a - b).abs().max().item()
+            for k, (a, b) in pairs.items()}
+    worst = max(errs, key=errs.get)
+    return worst, over_ranks(errs[worst])
 
 
 def kernel_bytes(fn: Callable[[], object]) -> tuple[float, float]:
@@ -139,3 +156,44 @@ class Memory:
     def kept(self) -> int:
         """Bytes the block left alive."""
         return self.end - self.start
+
+
+class Storages(TorchDispatchMode):
+    """Live bytes of the tensor storages operators create inside the block: `peak` and `kept` (at its end).
+
+    MemTracker's mechanism without its module tracking: every tensor an operator returns on a storage
+    none of its inputs had adds that storage's bytes; a weak reference to the storage subtracts them when
+    it is released, on whatever thread (a collective's buffer, dropped by gloo's worker). Tensors
+    that existed before the block are not counted, nor are in-place updates of them.
+    """
+
+    def __enter__(self) -> "Storages":
+        self.live = self.peak = self.kept = 0
+        self._refs: dict[int, weakref.ref] = {}
+        self._lock = threading.Lock()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        if exc[0] is None and dist.is_initialized():
+            dist.barrier()  # gloo's worker drops a finished collective's tensors just after the caller resumes
+        gc.collect(1)
+        self.kept = self.live
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                with self._lock:
+                    if id(st) not in self._refs and id(st) not in inputs:   # a view or an in-place result: not new
+                        self._refs[id(st)] = weakref.ref(st, functools.partial(self._free, id(st), st.nbytes()))
+                        self.live += st.nbytes()
+                        self.peak = max(self.peak, self.live)
+        return out
+
+    def _free(self, key: int, nbytes: int, _ref) -> None:
+        with self._lock:
+            self._refs.pop(key, None)
+            self.live -= nbytes

@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
-from minidist.tutorial.check import ddp, fsdp, tp, zero
+from minidist.tutorial.check import cp, ddp, fsdp, pp, tp, zero
 from minidist.tutorial.check.verdict import Check
 
 TUTORIAL = Path(__file__).resolve().parents[1]
@@ -67,6 +67,10 @@ RUNGS = {r.name: r for r in (
          fsdp.CHECKS["fsdp"]),
     Rung("tp", "Tensor parallelism: column- and row-parallel Linear", "tp", "docs/tutorial/tp.md",
          ("CopyToTP", "ReduceFromTP", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP"), tp.CHECKS["tp"]),
+    Rung("pp", "Pipeline parallelism: GPipe and 1F1B over send and recv", "pp", "docs/tutorial/pp.md",
+         ("Pipeline",), pp.CHECKS["pp"]),
+    Rung("cp", "Context parallelism: ring attention with the online softmax", "cp", "docs/tutorial/cp.md",
+         ("ring_attention",), cp.CHECKS["cp"]),
 )}
 """In the track's reading order."""
 

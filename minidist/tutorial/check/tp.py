@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minidist.tutorial.check.instruments import Memory, Profiled, kernel_bytes, over_ranks
+from minidist.tutorial.check.instruments import Memory, Profiled, kernel_bytes, largest_difference, over_ranks
 from minidist.tutorial.check.models import seeded
 from minidist.tutorial.check.verdict import Check, Verdict, kib, within
 
@@ -51,10 +51,7 @@ def equals_one_process(mod: ModuleType) -> Verdict:
              "fc.bias's gradient": (mlp.fc.bias.grad, fc.bias.grad.chunk(n, 0)[r]),
              "proj.weight's gradient (columns r)": (mlp.proj.weight.grad, proj.weight.grad.chunk(n, 1)[r]),
              "proj.bias's gradient": (mlp.proj.bias.grad, proj.bias.grad)}
-    errs = {k: float("inf") if a is None or a.shape != b.shape else (a - b).abs().max().item()
-            for k, (a, b) in pairs.items()}
-    worst = max(errs, key=errs.get)
-    err = over_ranks(errs[worst])
+    worst, err = largest_difference(pairs)
     return Verdict(err < 1e-5, f"largest difference from one process: {err:.1e} ({worst}; want < 1e-5 for the output, "
                    f"the input's gradient and each slice's gradient)")
 
