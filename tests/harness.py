@@ -16,6 +16,21 @@ Bounded time, always: a rank that raises, dies or does not answer within
 down (its process group may be mid-collective) and a fresh one starts for the
 next test. A warning emitted by a body fails the test too, unless the caller
 passes allow_warnings=True.
+
+Writing fast tests (the whole suite has 5 minutes on 2 cores, venv included):
+- A new interpreter costs ~2.5 s of CPU (torch + minidist imported), a torchrun
+  launch 3 of them or more, a world of 4 on 2 cores twice the CPU of a world of 2.
+  So multi-process bodies run here (run_dist), at world 2; world 4 only where the
+  claim depends on N or needs a 2-D mesh; world 8 once, where three dimensions meet.
+- A subprocess or torchrun only where the command line itself is what is tested,
+  one launch checking everything that command line decides; what the workers
+  compute is checked in the pool (see tests/recipes/test_tp_recipe.py).
+- Several cases of one claim in one body (a loop, results returned as a dict),
+  not one test per case: each test is a round trip to every rank.
+- Tiny models (experiment=gpt_tiny, a few steps): the claim, not the size, is tested.
+  A training run costs ~1 s of fixed work (compose, evaluation, model.pt, plot).
+- Budget: ~5 s per test file; say in the commit message what a slow test buys.
+  `pytest --durations=20 tests/<dir>` under the CPU lock shows where time goes.
 """
 
 from __future__ import annotations

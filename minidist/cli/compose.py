@@ -205,11 +205,31 @@ def check_model(model_cfg) -> None:
         raise ConfigError(f"model.n_head={model_cfg.n_head} must divide model.n_embd={model_cfg.n_embd}; valid "
                           f"n_head: {', '.join(map(str, valid[:12]))}{', ...' if len(valid) > 12 else ''}")
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _uninitialised():
             make_task(model_cfg).build()
     except (ValueError, RuntimeError, AssertionError, TypeError, ZeroDivisionError) as exc:
         raise ConfigError(f"model={model_cfg.name} cannot be built from these model.* values: "
                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def _uninitialised():
+    """A torch function mode in which in-place initialisers (normal_, uniform_, ...) leave their tensor as it
+    is: on the meta device there are no values to set. Why: torch's meta normal_ is a Python decomposition
+    that imports torch._dynamo the first time it runs, ~1 s of CPU in every process that checks a model
+    (the launcher before any worker starts, each worker, `--cfg job`), for values that do not exist."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    on_tensors = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_}
+
+    class Uninitialised(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in on_tensors or getattr(func, "__module__", None) == "torch.nn.init":  # nn.init.normal_, ...
+                return args[0] if args else kwargs["tensor"]
+            return func(*args, **kwargs)
+
+    return Uninitialised()
 
 
 def _check_tp(cfg: DictConfig) -> None:

@@ -16,6 +16,7 @@ import io
 
 import pytest
 
+import minidist
 from minidist import runtime
 from minidist.cli import compose_config
 from minidist.train import train
@@ -48,8 +49,10 @@ def _at_world_4(out: str) -> dict:
     _run(out, "ddp-tp1", "ddp", 1, "trainer.steps=2")
     into_tp = _run(out, "ddp-tp1", "full_shard", 2, "resume=auto")
     main = runtime.init("gloo").rank == 0
+    # its model.pt (written from the same full state dict) loads into the plain GPT whole: q|k|v joined
+    saved = minidist.models.load(ref["run_dir"]).state_dict() if main else None
     return {"ref": ref["model_state"] if main else None, "whole -> tp2": _diff(into_tp, ref) if main else None,
-            "log": into_tp["log"]}
+            "log": into_tp["log"], "model.pt": _diff({"model_state": saved}, ref) if main else None}
 
 
 def _at_world_2(out: str, ref: dict) -> dict:
@@ -66,6 +69,7 @@ def _at_world_2(out: str, ref: dict) -> dict:
 def test_tp_checkpoints_resume_at_another_degree_or_refuse(run_dist, tmp_path):
     first = run_dist(4, _at_world_4, str(tmp_path), timeout=300)
     assert first[0]["whole -> tp2"] < 1e-5, first[0]["whole -> tp2"]
+    assert first[0]["model.pt"] == 0.0, first[0]["model.pt"]  # full_shard over dp 2 x tp 2, as the recipe writes it
     assert "resumed from step 2" in first[0]["log"]
     second = run_dist(2, _at_world_2, str(tmp_path), first[0]["ref"], timeout=300)
     main = second[0]
