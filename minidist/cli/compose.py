@@ -151,6 +151,9 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
         raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
     _check_trainer(cfg.trainer)
     check_model(cfg.model)
+    if model == "gpt" and not 0 <= cfg.trainer.eval_stride <= cfg.model.block_size:
+        raise ConfigError(f"trainer.eval_stride={cfg.trainer.eval_stride} must be in 0..model.block_size="
+                          f"{cfg.model.block_size} (0: windows that do not overlap)")
     _check_tp(cfg)
     _check_strategy(cfg.strategy, world_size, local_world_size)
 
