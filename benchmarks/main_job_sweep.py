@@ -23,6 +23,7 @@ each says how shared it was.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import math
@@ -46,18 +47,22 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+@contextlib.contextmanager
+def _cpu_lock():
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases it
+
+
 def train(overrides: list[str], out_dir: Path, name: str) -> dict:
-    """One run of the recipe while this process holds the CPU lock: wall and CPU seconds, load, what it printed."""
+    """One run of the recipe (the caller holds the CPU lock): wall and CPU seconds, load, what it printed."""
     cmd = [sys.executable, "-m", "minidist.recipes.torchrun", "--standalone", "--nproc_per_node=2", "-m",
            "recipes.train", *overrides, f"out_dir={out_dir}", f"name={name}", "trainer.progress_bar=false"]
-    with open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # flock(1)'s lock: the other jobs' runs wait, and so does this one
-        load = os.getloadavg()[0]
-        cpu0, t0 = _children_cpu(), time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True,
-                              text=True)
-        wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
-        loads = [load, os.getloadavg()[0]]
+    load = os.getloadavg()[0]
+    cpu0, t0 = _children_cpu(), time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
+    loads = [load, os.getloadavg()[0]]
     if proc.returncode != 0:
         raise SystemExit(f"the run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
     bpb = float(re.search(r"val/bits_per_byte ([\d.]+)", proc.stdout).group(1))
@@ -104,13 +109,16 @@ def _step_ms(run_dir: Path) -> float:
 
 def cmd_run(args) -> None:
     out_dir = Path(args.out_dir)
-    result = train(args.overrides, out_dir, args.name)
     run_dir = out_dir / args.name
+    with _cpu_lock():  # flock(1)'s lock: other jobs' runs wait while this one trains
+        result = train(args.overrides, out_dir, args.name)
+    with _cpu_lock():  # a minute of one core: a hold of its own
+        scores = score(run_dir)
     record = {"name": args.name, "change": args.change, "overrides": args.overrides,
               "steps": _steps(run_dir), "wall_s": round(result["wall_s"], 1), "cpu_s": round(result["cpu_s"], 1),
               "step_ms": round(_step_ms(run_dir), 1), "load": [round(x, 1) for x in result["load"]],
               "printed_bpb": result["printed_bpb"], "unigram_bpb": _unigram(result["output"]),
-              "bpb_by_stride": {k: round(v, 4) for k, v in score(run_dir).items()},
+              "bpb_by_stride": {k: round(v, 4) for k, v in scores.items()},
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                        text=True).stdout.strip()}
     RECORDS.parent.mkdir(parents=True, exist_ok=True)

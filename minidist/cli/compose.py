@@ -151,9 +151,6 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
         raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
     _check_trainer(cfg.trainer)
     check_model(cfg.model)
-    if model == "gpt" and not 0 <= cfg.trainer.eval_stride <= cfg.model.block_size:
-        raise ConfigError(f"trainer.eval_stride={cfg.trainer.eval_stride} must be in 0..model.block_size="
-                          f"{cfg.model.block_size} (0: windows that do not overlap)")
     _check_tp(cfg)
     _check_strategy(cfg.strategy, world_size, local_world_size)
 
@@ -162,7 +159,7 @@ def _check_trainer(tc) -> None:
     for key in ("steps", "batch_size", "grad_accum", "log_interval", "keep_last"):
         if tc[key] < 1:
             raise ConfigError(f"trainer.{key}={tc[key]} must be >= 1")
-    for key in ("eval_interval", "ckpt_interval"):
+    for key in ("eval_interval", "ckpt_interval", "eval_stride"):
         if tc[key] < 0:
             raise ConfigError(f"trainer.{key}={tc[key]} must be >= 0 (0 turns it off)")
     for name in tc.preempt_signals:

@@ -285,7 +285,7 @@ def build_datasets(cfg, topo) -> tuple[object, object, dict]:
     """(train dataset, val dataset, info) for cfg.data and cfg.model. info: e.g. the unigram baseline."""
     d, m = cfg.data, cfg.model
     info: dict = {}
-    stride = cfg.trainer.eval_stride or None  # validation windows (TokenWindows)
+    stride = min(cfg.trainer.eval_stride or m.block_size, m.block_size)  # validation windows (TokenWindows)
     if d.source == "stdlib":
         train, val = stdlib_corpus(d.max_bytes, d.val_percent)
         info = {"train_bytes": len(train), "val_bytes": len(val), "unigram_bpb": unigram_bits_per_byte(train)}
