@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's minidist, as its recipes (run from ROOT) use
 RECORDS = ROOT / "benchmarks" / "results" / "main_job_sweep.jsonl"
 LOCK = "/tmp/minidist-cpu.lock"
 STRIDES = (0, 32, 16)
@@ -137,17 +138,34 @@ def _unigram(output: str) -> float:
     return float(re.search(r"unigram baseline ([\d.]+)", output).group(1))
 
 
+def is_main_job(record: dict, defaults) -> bool:
+    """Whether the record's overrides are all the main job's values (configs/: what `make train` composes)."""
+    from omegaconf import OmegaConf
+
+    pairs = [o.split("=", 1) for o in record["overrides"]]
+    return all(str(OmegaConf.select(defaults, key)) == value for key, value in pairs)
+
+
 def table(records: list[dict]) -> str:
-    """The records as a markdown table: bits per byte and their ratio to the unigram baseline at each stride."""
-    head = ("| run | change | steps | step ms | wall s | CPU s | load | bits/byte (stride 64 / 32 / 16) "
-            "| ratio (stride 64 / 32 / 16) |\n|---|---|---:|---:|---:|---:|---:|---|---|")
+    """The records as a markdown table: bits per byte and their ratio to the unigram baseline at each stride
+    (0: non-overlapping windows); the main job's rows in bold."""
+    from minidist.cli.compose import compose_config
+
+    defaults = compose_config([], world=(2, 2))
+    head = ("| run | change from the previous main job | steps | step ms | wall s | CPU s | load "
+            "| bits/byte, stride 64 / 32 / 16 | ratio, stride 64 / 32 / 16 |\n"
+            "|---|---|---:|---:|---:|---:|---:|---|---|")
     rows = []
     for r in records:
         by = r["bpb_by_stride"]
-        bpb = " / ".join(f"{by[s]:.3f}" for s in ("0", "32", "16"))
-        ratio = " / ".join(f"{by[s] / r['unigram_bpb']:.3f}" for s in ("0", "32", "16"))
-        rows.append(f"| {r['name']} | {r['change']} | {r['steps']} | {r['step_ms']:.0f} | {r['wall_s']:.0f} "
-                    f"| {r['cpu_s']:.0f} | {r['load'][0]:.0f}-{r['load'][1]:.0f} | {bpb} | {ratio} |")
+        cells = [r["name"], r["change"], r["steps"], f"{r['step_ms']:.0f}", f"{r['wall_s']:.0f}",
+                 f"{r['cpu_s']:.0f}", f"{r['load'][0]:.1f}-{r['load'][1]:.1f}",
+                 " / ".join(f"{by[s]:.3f}" for s in ("0", "32", "16")),
+                 " / ".join(f"{by[s] / r['unigram_bpb']:.3f}" for s in ("0", "32", "16"))]
+        if is_main_job(r, defaults):
+            cells[0] = f"{r['name']} (the main job)"
+            cells = [f"**{c}**" for c in cells]
+        rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join([head, *rows])
 
 
