@@ -66,7 +66,7 @@ def train(overrides: list[str], out_dir: Path, name: str) -> dict:
     loads = [load, os.getloadavg()[0]]
     if proc.returncode != 0:
         raise SystemExit(f"the run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
-    bpb = float(re.search(r"val/bits_per_byte ([\d.]+)", proc.stdout).group(1))
+    bpb = float(re.search(r"^final .*val/bits_per_byte ([\d.]+)", proc.stdout, re.M).group(1))
     return {"wall_s": wall, "cpu_s": cpu, "load": loads, "printed_bpb": bpb, "output": proc.stdout}
 
 

@@ -108,3 +108,14 @@ def test_strided_windows_score_every_token_once_with_context():
     assert pos[block:].min() == block - stride  # after the first window: block - stride tokens of context
     assert torch.equal(TokenWindows(tokens, block, block).get(torch.arange(6))[1],
                        TokenWindows(tokens, block).get(torch.arange(6))[1])  # stride = block: as before
+    # the validation sums count the scored targets only: [loss summed over them, how many]
+    from minidist.models import GPT, GPTConfig
+    from minidist.train.task import LanguageModeling
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=block, n_layer=1, n_head=1, n_embd=8))
+    with torch.no_grad():
+        sums = LanguageModeling.eval_sums(model, [x, y])
+        logits, _ = model(x)
+    keep = y != IGNORE
+    direct = torch.nn.functional.cross_entropy(logits[keep], y[keep], reduction="sum")
+    assert sums[1] == keep.sum() and torch.allclose(sums[0], direct.double(), rtol=1e-5)
