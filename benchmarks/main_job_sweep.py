@@ -113,6 +113,7 @@ def cmd_run(args) -> None:
     run_dir = out_dir / args.name
     with _cpu_lock():  # flock(1)'s lock: other jobs' runs wait while this one trains
         result = train(args.overrides, out_dir, args.name)
+    (run_dir / "printed.txt").write_text(result["output"])  # what the run printed, its sample included
     with _cpu_lock():  # a minute of one core: a hold of its own
         scores = score(run_dir)
     record = {"name": args.name, "change": args.change, "overrides": args.overrides,
