@@ -285,15 +285,15 @@ def build_datasets(cfg, topo) -> tuple[object, object, dict]:
     """(train dataset, val dataset, info) for cfg.data and cfg.model. info: e.g. the unigram baseline."""
     d, m = cfg.data, cfg.model
     info: dict = {}
-    stride = min(cfg.trainer.eval_stride or m.block_size, m.block_size)  # validation windows (TokenWindows)
     if d.source == "stdlib":
         train, val = stdlib_corpus(d.max_bytes, d.val_percent)
         info = {"train_bytes": len(train), "val_bytes": len(val), "unigram_bpb": unigram_bits_per_byte(train)}
-        return TokenWindows(train, m.block_size), TokenWindows(val, m.block_size, stride), info
+        return TokenWindows(train, m.block_size), TokenWindows(val, m.block_size, _stride(cfg)), info
     if d.source == "synthetic" and m.name == "gpt":
         n_train, n_val = d.train_samples * m.block_size + 1, d.val_samples * m.block_size + 1
         toks = synthetic_tokens(n_train + n_val, m.vocab_size, d.seed)
-        return TokenWindows(toks[:n_train], m.block_size), TokenWindows(toks[n_train:], m.block_size, stride), info
+        val = TokenWindows(toks[n_train:], m.block_size, _stride(cfg))
+        return TokenWindows(toks[:n_train], m.block_size), val, info
     if d.source == "synthetic":
         x, y = synthetic_images(d.train_samples + d.val_samples, m.num_classes, d.seed)
         k = d.train_samples
@@ -303,3 +303,8 @@ def build_datasets(cfg, topo) -> tuple[object, object, dict]:
         return Images(*splits["train"], augment=d.augment), Images(*splits["val"]), info
     raise ValueError(f"unknown data.source={d.source!r}")
 
+
+def _stride(cfg) -> int:
+    """The validation windows' stride (GPT): trainer.eval_stride, at most block_size; 0 means block_size."""
+    block = cfg.model.block_size
+    return min(cfg.trainer.eval_stride or block, block)
