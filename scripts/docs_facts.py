@@ -302,6 +302,8 @@ def registry() -> dict[str, Snippet]:
         "tour_cost": Snippet("tour", "calls, payload, sent and wire MB", "alpha, beta, every time", tour_cost,
                              world=2),
         "trace_overhead": Snippet("trace_overhead", "", "every number"),
+        "main_job_sweep": Snippet("main_job_sweep", "", "every number (benchmarks/results/main_job_sweep.jsonl: "
+                                  "each run's own commit and load)"),
         "bench_ddp": Snippet("bench_ddp", "the bucket counts", "every time, ratio and hidden share", bench_ddp,
                              world=2),
         "bench_fsdp_speed": Snippet("bench_fsdp_speed", "the model's size", "the step times and their ratios; the "

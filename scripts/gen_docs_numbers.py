@@ -75,6 +75,8 @@ JOBS: dict[str, tuple[str, int]] = {
                       f"--schedules gpipe 1f1b", 600),
     "cp_ring": (f"{TORCHRUN.format(n=4)} -m recipes.cp_ring --out docs/generated", 300),
     "activation_memory": ("; ".join(f"{TORCHRUN.format(n=n)} -m recipes.activation_memory" for n in (1, 2, 4)), 600),
+    # the table of the runs `benchmarks/main_job_sweep.py run` recorded (each minutes long, under the CPU lock)
+    "main_job_sweep": ("python benchmarks/main_job_sweep.py table", 120),
 }
 
 CODE_PATHS = ("minidist", "recipes", "benchmarks", "scripts", "configs", "hydra_plugins")
@@ -202,6 +204,8 @@ def bodies_of(job: str, output: str) -> dict[str, str]:
         return out
     if job == "compare":
         return {job: compare_body(command, output)}
+    if job == "main_job_sweep":  # a markdown table: rendered, not quoted
+        return {job: f"```console\n$ .venv/bin/{command}\n```\n\n{output.strip()}\n"}
     if job == "scale_numbers":  # one snippet per table
         parts = dict(re.findall(r"^== (.*?)\n(.*?)(?=^== |\Z)", output, flags=re.M | re.S))
         return {"scale_nccl": snippet(command, parts["NCCL's algorithms and protocols"]),

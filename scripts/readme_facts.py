@@ -93,7 +93,18 @@ def _persistent(text: str) -> str:
     return f"{m.group(1)} MiB (ratio {m.group(3)})"
 
 
+def _main_job(text: str) -> str:
+    """The last run of the main job's settings in the sweep's table (its row in bold): ratio, bits, wall."""
+    rows = [line for line in text.splitlines() if "(the main job)" in line]
+    if not rows:
+        raise ValueError("no row of the main job's settings")
+    cells = [c.strip().strip("*") for c in rows[-1].strip("|").split("|")]
+    bpb, ratio = cells[7].split(" / ")[1], cells[8].split(" / ")[1]
+    return f"ratio {ratio} ({bpb} bits per byte) in {cells[4]} s of wall time at load {cells[6]}"
+
+
 FACTS: dict[str, tuple[str, Callable[[str], str]]] = {
+    "main_job": ("main_job_sweep", _main_job),
     "fsdp_x_tp": ("lesson_fsdp_x_tp_n4", _fsdp_x_tp),
     "tour_alpha_beta": ("tour_cost", _tour_alpha_beta),
     "compare_alpha_beta": ("compare", _compare_alpha_beta),

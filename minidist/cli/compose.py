@@ -159,7 +159,7 @@ def _check_trainer(tc) -> None:
     for key in ("steps", "batch_size", "grad_accum", "log_interval", "keep_last"):
         if tc[key] < 1:
             raise ConfigError(f"trainer.{key}={tc[key]} must be >= 1")
-    for key in ("eval_interval", "ckpt_interval"):
+    for key in ("eval_interval", "ckpt_interval", "eval_stride"):
         if tc[key] < 0:
             raise ConfigError(f"trainer.{key}={tc[key]} must be >= 0 (0 turns it off)")
     for name in tc.preempt_signals:

@@ -172,6 +172,10 @@ class TrainerConfig:
     """Steps between validation passes (0: only at the end)."""
     eval_batches: int = 20
     """Validation micro-batches per rank at intermediate evaluations (the final one uses all)."""
+    eval_stride: int = 0
+    """GPT: validation windows start every min(eval_stride, block_size) tokens; each token is scored once, after
+    the first window with at least block_size - stride tokens of context (0 or >= block_size: windows that do not
+    overlap, the first token of each scored from nothing). Costs block_size / stride times the forward passes."""
     ckpt_interval: int = 100
     """Steps between checkpoints (0: none); the end of a run also writes <run>/model.pt."""
     keep_last: int = 2

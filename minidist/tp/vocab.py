@@ -97,12 +97,16 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, sta
 
 
 class VocabParallelCrossEntropy(nn.Module):
-    """nn.CrossEntropyLoss (mean over tokens) for logits split by vocabulary over the tp ranks."""
+    """nn.CrossEntropyLoss (mean over the targets that are not ignore_index) for logits split by vocabulary
+    over the tp ranks."""
 
-    def __init__(self, vocab_size: int, device_mesh: DeviceMesh):
+    def __init__(self, vocab_size: int, device_mesh: DeviceMesh, ignore_index: int = -100):
         super().__init__()
         self.group, rank, size = tp_group(device_mesh)
         self.start, _ = vocab_range(vocab_size, rank, size)
+        self.ignore_index = ignore_index
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits, target, self.start, self.group).mean()
+        keep = target != self.ignore_index  # an ignored target is no rank's column: its loss is masked out
+        per_token = vocab_parallel_cross_entropy(logits, target, self.start, self.group)
+        return per_token.masked_fill(~keep, 0.0).sum() / keep.sum()

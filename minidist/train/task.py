@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minidist.train.data import IGNORE
+
 
 class LanguageModeling:
     unit = "tokens"
@@ -43,8 +45,8 @@ class LanguageModeling:
         rank's logits are its slice of the vocabulary, and only the model's loss sees all of them.
         """
         _, loss = model(batch[0], batch[1])
-        n = batch[1].numel()
-        return torch.stack([loss.detach().double() * n, loss.new_tensor(n, dtype=torch.float64)])
+        n = (batch[1] != IGNORE).sum().double()  # the loss is the mean over the scored targets (TokenWindows)
+        return torch.stack([loss.detach().double() * n, n.to(loss.device)])
 
     @staticmethod
     def report(sums: torch.Tensor) -> dict[str, float]:

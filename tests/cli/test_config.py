@@ -66,6 +66,7 @@ def test_experiments_compose():
     ("strategy=hybrid_shard strategy.shard_size=0", ["strategy.shard_size=0 must be >= 1"]),
     ("strategy.bucket_cap_mb=-1", ["strategy.bucket_cap_mb=-1.0 must be > 0"]),
     ("trainer.log_interval=0", ["trainer.log_interval=0 must be >= 1"]),
+    ("trainer.eval_stride=-1", ["trainer.eval_stride=-1 must be >= 0"]),
     ("trainer.preempt_signals=[SIGTERM,SIGFOO]", ["unknown signal 'SIGFOO'", "SIGUSR1"]),
     ("strategy.tp_size=3", ["strategy.tp_size=3 must divide model.n_head=4", "valid: 1, 2, 4"]),
     ("strategy=zero1 strategy.tp_size=2 strategy.vocab_parallel=true model.vocab_size=255",

@@ -91,3 +91,31 @@ def test_cifar_offline_error_names_the_settings(run_dist, tmp_path):
         assert "data.root" in msg and "data.download=false" in msg and "\n" not in msg, msg
         assert "set data.download=true" not in msg, msg  # it already is
     assert not (tmp_path / "data").exists()  # the failed download leaves no empty directories
+
+
+def test_strided_windows_score_every_token_once_with_context():
+    """eval_stride: each token after the first is a scored target exactly once, and (after the first
+    window) with at least block - stride tokens before it in its window."""
+    from minidist.train.data import IGNORE
+    tokens = torch.arange(50)
+    block, stride = 8, 3
+    ds = TokenWindows(tokens, block, stride)
+    x, y = ds.get(torch.arange(len(ds)))
+    scored = y[y != IGNORE]
+    assert sorted(scored.tolist()) == list(range(1, len(scored) + 1))  # once each, none skipped
+    assert len(scored) > len(tokens) - 1 - stride  # at most the tail shorter than a stride is left out
+    pos = (y != IGNORE).nonzero()[:, 1]
+    assert pos[block:].min() == block - stride  # after the first window: block - stride tokens of context
+    assert torch.equal(TokenWindows(tokens, block, block).get(torch.arange(6))[1],
+                       TokenWindows(tokens, block).get(torch.arange(6))[1])  # stride = block: as before
+    # the validation sums count the scored targets only: [loss summed over them, how many]
+    from minidist.models import GPT, GPTConfig
+    from minidist.train.task import LanguageModeling
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=block, n_layer=1, n_head=1, n_embd=8))
+    with torch.no_grad():
+        sums = LanguageModeling.eval_sums(model, [x, y])
+        logits, _ = model(x)
+    keep = y != IGNORE
+    direct = torch.nn.functional.cross_entropy(logits[keep], y[keep], reduction="sum")
+    assert sums[1] == keep.sum() and torch.allclose(sums[0], direct.double(), rtol=1e-5)
