@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from minidist import strategies
 from minidist.cli.config import CONFIG_DIR, RunConfig, groups
-from minidist.parallel.parallelize import check_tensor_parallel, layout_dims
+from minidist.cp.plan import check_degree as check_cp_degree
+from minidist.parallel.parallelize import check_context_parallel, check_tensor_parallel, cp_policy, layout_dims
 from minidist.runtime import UsageError, launched_world
 from minidist.tp.plan import check_degree
 from minidist.train.metrics import WANDB_MODES
@@ -152,6 +153,7 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
     _check_trainer(cfg.trainer)
     check_model(cfg.model)
     _check_tp(cfg)
+    _check_cp(cfg)
     _check_strategy(cfg.strategy, world_size, local_world_size)
 
 
@@ -224,6 +226,21 @@ def _check_tp(cfg: DictConfig) -> None:
         check_tensor_parallel(cfg.model.name, tp, f"strategy.tp_size={tp}", "use strategy.tp_size=1")
         check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
                      setting="strategy.tp_size", prefix="model.")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _check_cp(cfg: DictConfig) -> None:
+    """strategy.cp_size, cp_chunking and cp_rotate against the model (the world: when the layout is built)."""
+    st = cfg.strategy
+    size = st.get("cp_size", 1)
+    if size < 1:
+        raise ConfigError(f"strategy.cp_size={size} must be >= 1 (1: no context parallelism)")
+    if size == 1:
+        return
+    try:
+        check_context_parallel(cfg.model.name, size, f"strategy.cp_size={size}", "use strategy.cp_size=1")
+        check_cp_degree(cfg.model, size, cp_policy(st).chunking, setting="strategy.cp_size", prefix="model.")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

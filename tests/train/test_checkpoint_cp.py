@@ -1,0 +1,65 @@
+"""Checkpoints resume across context parallelism, cp 2 -> cp 1 (its ranks become data parallel) and back,
+and end at the weights of the run that never stopped.
+
+cp holds no state of its own: its ranks hold the same weights, so a checkpoint holds the whole model
+(ddp: model.pt) or shards over the engine's ranks, dp x cp ("dp0_cp1": full_shard's, resharded by
+FSDP at the other layout like any change of world). At 2 processes the global batch is kept (cp 2:
+one data shard of 8 rows; cp 1: two of 4), so every layout reads the same samples:
+
+    written (world 2)            resumed                  compared with
+    ddp, cp 2 (2 steps)          ddp, cp 1 = dp 2         ddp at cp 2 for 4 steps, uninterrupted
+    ddp, cp 1 = dp 2             ddp, cp 2                the same
+    full_shard, cp 2             full_shard, cp 1         the same
+    full_shard, cp 1             full_shard, cp 2         the same
+
+SGD: cp and its absence differ by rounding, which AdamW's first steps scale up on near-zero gradients
+(tests/cp/test_equivalence.py says why); the comparison is of the resumed weights, 1e-5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from minidist import runtime
+from minidist.cli import compose_config
+from minidist.train import train
+
+BASE = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
+        "data.val_percent=4", "trainer.steps=4", "trainer.ckpt_interval=2", "optim=sgd", "optim.lr=0.3"]
+GLOBAL_BATCH = 8
+PATHS = [(strategy, cp, 3 - cp) for strategy in ("ddp", "full_shard") for cp in (2, 1)]
+"""(strategy, cp written at, cp resumed at)."""
+
+
+def _run(out: str, name: str, strategy: str, cp: int, *extra: str) -> dict:
+    topo = runtime.init("gloo")
+    batch = GLOBAL_BATCH * cp // topo.world_size  # per data shard: the same global batch at any layout
+    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}", f"strategy.cp_size={cp}",
+                                 f"trainer.batch_size={batch}", *extra])
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        result = train(cfg, topo)
+    return result | {"log": log.getvalue()}
+
+
+def _resume_across_cp(out: str) -> dict:
+    ref = _run(out, "ref", "ddp", 2)
+    got = {}
+    for strategy, written, resumed in PATHS:
+        name = f"{strategy}-cp{written}"
+        _run(out, name, strategy, written, "trainer.steps=2")
+        r = _run(out, name, strategy, resumed, "resume=auto")
+        if r.get("model_state") is not None:  # the main process
+            diff = max((r["model_state"][k] - v).abs().max().item() for k, v in ref["model_state"].items())
+            got[f"{name} -> cp{resumed}"] = (diff, r["log"])
+    return got | {"ref loss": ref.get("val/loss")}
+
+
+def test_checkpoints_resume_across_cp_at_the_uninterrupted_weights(run_dist, tmp_path):
+    main = run_dist(2, _resume_across_cp, str(tmp_path), timeout=300)[0]
+    assert len(main) == len(PATHS) + 1, main
+    for path, (diff, log) in ((k, v) for k, v in main.items() if k != "ref loss"):
+        assert diff < 1e-5, (path, diff)
+        assert "resumed from step 2" in log, (path, log)
+        assert ("(cp 2)" in log) and ("continuing as" in log), (path, log)  # the layout change is named
