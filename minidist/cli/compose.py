@@ -152,8 +152,7 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
         raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
     _check_trainer(cfg.trainer)
     check_model(cfg.model)
-    _check_tp(cfg)
-    _check_cp(cfg)
+    _check_degrees(cfg)
     _check_strategy(cfg.strategy, world_size, local_world_size)
 
 
@@ -214,35 +213,33 @@ def check_model(model_cfg) -> None:
                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
-def _check_tp(cfg: DictConfig) -> None:
-    """strategy.tp_size against the model (the world is checked when the layout is built)."""
+def _tp_rules(cfg: DictConfig, tp: int) -> None:
     st = cfg.strategy
-    tp = st.get("tp_size", 1)
-    if tp < 1:
-        raise ConfigError(f"strategy.tp_size={tp} must be >= 1 (1: no tensor parallelism)")
-    if tp == 1:
-        return
-    try:
-        check_tensor_parallel(cfg.model.name, tp, f"strategy.tp_size={tp}", "use strategy.tp_size=1")
-        check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
-                     setting="strategy.tp_size", prefix="model.")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    check_tensor_parallel(cfg.model.name, tp, f"strategy.tp_size={tp}", "use strategy.tp_size=1")
+    check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
+                 setting="strategy.tp_size", prefix="model.")
 
 
-def _check_cp(cfg: DictConfig) -> None:
-    """strategy.cp_size, cp_chunking and cp_rotate against the model (the world: when the layout is built)."""
-    st = cfg.strategy
-    size = st.get("cp_size", 1)
-    if size < 1:
-        raise ConfigError(f"strategy.cp_size={size} must be >= 1 (1: no context parallelism)")
-    if size == 1:
-        return
-    try:
-        check_context_parallel(cfg.model.name, size, f"strategy.cp_size={size}", "use strategy.cp_size=1")
-        check_cp_degree(cfg.model, size, cp_policy(st).chunking, setting="strategy.cp_size", prefix="model.")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+def _cp_rules(cfg: DictConfig, cp: int) -> None:
+    check_context_parallel(cfg.model.name, cp, f"strategy.cp_size={cp}", "use strategy.cp_size=1")
+    check_cp_degree(cfg.model, cp, cp_policy(cfg.strategy).chunking, setting="strategy.cp_size", prefix="model.")
+
+
+DEGREES = {"tp_size": ("tensor", _tp_rules), "cp_size": ("context", _cp_rules)}
+"""strategy.<key>: (the parallelism it sets, its rules against the model: ValueError naming the key)."""
+
+
+def _check_degrees(cfg: DictConfig) -> None:
+    """Each degree against the model (the world is checked when the layout is built)."""
+    for key, (kind, rules) in DEGREES.items():
+        n = cfg.strategy.get(key, 1)
+        if n < 1:
+            raise ConfigError(f"strategy.{key}={n} must be >= 1 (1: no {kind} parallelism)")
+        if n > 1:
+            try:
+                rules(cfg, n)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def to_yaml(cfg: DictConfig) -> str:

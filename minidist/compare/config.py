@@ -180,8 +180,9 @@ def check_rows_world(cfg, world: int) -> None:
     bad = [row for row in cfg.strategies if world % (parse_row(row)[1] * cp_degree(row))]
     if bad:
         keep = [row for row in cfg.strategies if row not in bad]
+        kinds = " or ".join(sorted({"cp" if cp_degree(row) > 1 else "tp" for row in bad}, reverse=True))
         raise ValueError(f"strategies: {', '.join(bad)} need{'s' if len(bad) == 1 else ''} a world divisible by "
-                         f"its tp or cp degree, and this one has {world} rank{'s' if world > 1 else ''}; run at such a "
+                         f"its {kinds} degree, and this one has {world} rank{'s' if world > 1 else ''}; run at such a "
                          f"world or leave {'it' if len(bad) == 1 else 'them'} out: "
                          f"strategies=[{','.join(keep)}]")
 

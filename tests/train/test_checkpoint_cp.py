@@ -13,43 +13,29 @@ one data shard of 8 rows; cp 1: two of 4), so every layout reads the same sample
     full_shard, cp 1             full_shard, cp 2         the same
 
 SGD: cp and its absence differ by rounding, which AdamW's first steps scale up on near-zero gradients
-(tests/cp/test_equivalence.py says why); the comparison is of the resumed weights, 1e-5.
+(tests/cp/test_equivalence.py says why); the comparison is of the resumed weights, 1e-5. Each run is
+tests/train/test_checkpoint_tp.py's (the same data and steps), at strategy.cp_size.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import functools
 
-from minidist import runtime
-from minidist.cli import compose_config
-from minidist.train import train
+from tests.train.test_checkpoint_tp import _run as run_at
 
-BASE = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
-        "data.val_percent=4", "trainer.steps=4", "trainer.ckpt_interval=2", "optim=sgd", "optim.lr=0.3"]
-GLOBAL_BATCH = 8
+SGD = ("optim=sgd", "optim.lr=0.3")
 PATHS = [(strategy, cp, 3 - cp) for strategy in ("ddp", "full_shard") for cp in (2, 1)]
 """(strategy, cp written at, cp resumed at)."""
-
-
-def _run(out: str, name: str, strategy: str, cp: int, *extra: str) -> dict:
-    topo = runtime.init("gloo")
-    batch = GLOBAL_BATCH * cp // topo.world_size  # per data shard: the same global batch at any layout
-    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}", f"strategy.cp_size={cp}",
-                                 f"trainer.batch_size={batch}", *extra])
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        result = train(cfg, topo)
-    return result | {"log": log.getvalue()}
+_run = functools.partial(run_at, degree="cp")
 
 
 def _resume_across_cp(out: str) -> dict:
-    ref = _run(out, "ref", "ddp", 2)
+    ref = _run(out, "ref", "ddp", 2, *SGD)
     got = {}
     for strategy, written, resumed in PATHS:
         name = f"{strategy}-cp{written}"
-        _run(out, name, strategy, written, "trainer.steps=2")
-        r = _run(out, name, strategy, resumed, "resume=auto")
+        _run(out, name, strategy, written, *SGD, "trainer.steps=2")
+        r = _run(out, name, strategy, resumed, *SGD, "resume=auto")
         if r.get("model_state") is not None:  # the main process
             diff = max((r["model_state"][k] - v).abs().max().item() for k, v in ref["model_state"].items())
             got[f"{name} -> cp{resumed}"] = (diff, r["log"])
