@@ -2,15 +2,14 @@
 and end at the weights of the run that never stopped.
 
 cp holds no state of its own: its ranks hold the same weights, so a checkpoint holds the whole model
-(ddp: model.pt) or shards over the engine's ranks, dp x cp ("dp0_cp1": full_shard's, resharded by
-FSDP at the other layout like any change of world). At 2 processes the global batch is kept (cp 2:
+(ddp: model.pt) or shards over the engine's ranks, dp x cp ("dp0_cp1": full_shard's, zero2's optimizer
+state), resharded by the engine at the other layout like any change of world. At 2 processes the global batch is kept (cp 2:
 one data shard of 8 rows; cp 1: two of 4), so every layout reads the same samples:
 
     written (world 2)            resumed                  compared with
     ddp, cp 2 (2 steps)          ddp, cp 1 = dp 2         ddp at cp 2 for 4 steps, uninterrupted
-    ddp, cp 1 = dp 2             ddp, cp 2                the same
-    full_shard, cp 2             full_shard, cp 1         the same
-    full_shard, cp 1             full_shard, cp 2         the same
+    full_shard, cp 1 = dp 2      full_shard, cp 2         the same
+    zero2, cp 2                  zero2, cp 1 = dp 2       the same
 
 SGD: cp and its absence differ by rounding, which AdamW's first steps scale up on near-zero gradients
 (tests/cp/test_equivalence.py says why); the comparison is of the resumed weights, 1e-5. Each run is
@@ -24,8 +23,9 @@ import functools
 from tests.train.test_checkpoint_tp import _run as run_at
 
 SGD = ("optim=sgd", "optim.lr=0.3")
-PATHS = [(strategy, cp, 3 - cp) for strategy in ("ddp", "full_shard") for cp in (2, 1)]
-"""(strategy, cp written at, cp resumed at)."""
+PATHS = [("ddp", 2, 1), ("full_shard", 1, 2), ("zero2", 2, 1)]
+"""(strategy, cp written at, cp resumed at): the whole model out of cp, FSDP's shards into it, ZeRO's
+optimizer shards (over dp x cp) out of it."""
 _run = functools.partial(run_at, degree="cp")
 
 
