@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from minidist import strategies
 from minidist.cli.config import CONFIG_DIR, RunConfig, groups
-from minidist.parallel.parallelize import check_tensor_parallel, layout_dims
+from minidist.cp.plan import check_degree as check_cp_degree
+from minidist.parallel.parallelize import check_context_parallel, check_tensor_parallel, cp_policy, layout_dims
 from minidist.runtime import UsageError, launched_world
 from minidist.tp.plan import check_degree
 from minidist.train.metrics import WANDB_MODES
@@ -151,7 +152,7 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
         raise ConfigError(f"resume={cfg.resume!r}: not 'never', 'auto' or an existing checkpoint directory")
     _check_trainer(cfg.trainer)
     check_model(cfg.model)
-    _check_tp(cfg)
+    _check_degrees(cfg)
     _check_strategy(cfg.strategy, world_size, local_world_size)
 
 
@@ -232,20 +233,33 @@ def _uninitialised():
     return Uninitialised()
 
 
-def _check_tp(cfg: DictConfig) -> None:
-    """strategy.tp_size against the model (the world is checked when the layout is built)."""
+def _tp_rules(cfg: DictConfig, tp: int) -> None:
     st = cfg.strategy
-    tp = st.get("tp_size", 1)
-    if tp < 1:
-        raise ConfigError(f"strategy.tp_size={tp} must be >= 1 (1: no tensor parallelism)")
-    if tp == 1:
-        return
-    try:
-        check_tensor_parallel(cfg.model.name, tp, f"strategy.tp_size={tp}", "use strategy.tp_size=1")
-        check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
-                     setting="strategy.tp_size", prefix="model.")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    check_tensor_parallel(cfg.model.name, tp, f"strategy.tp_size={tp}", "use strategy.tp_size=1")
+    check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
+                 setting="strategy.tp_size", prefix="model.")
+
+
+def _cp_rules(cfg: DictConfig, cp: int) -> None:
+    check_context_parallel(cfg.model.name, cp, f"strategy.cp_size={cp}", "use strategy.cp_size=1")
+    check_cp_degree(cfg.model, cp, cp_policy(cfg.strategy).chunking, setting="strategy.cp_size", prefix="model.")
+
+
+DEGREES = {"tp_size": ("tensor", _tp_rules), "cp_size": ("context", _cp_rules)}
+"""strategy.<key>: (the parallelism it sets, its rules against the model: ValueError naming the key)."""
+
+
+def _check_degrees(cfg: DictConfig) -> None:
+    """Each degree against the model (the world is checked when the layout is built)."""
+    for key, (kind, rules) in DEGREES.items():
+        n = cfg.strategy.get(key, 1)
+        if n < 1:
+            raise ConfigError(f"strategy.{key}={n} must be >= 1 (1: no {kind} parallelism)")
+        if n > 1:
+            try:
+                rules(cfg, n)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def to_yaml(cfg: DictConfig) -> str:

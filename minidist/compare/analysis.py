@@ -47,10 +47,11 @@ from minidist import strategies
 from minidist.comm import CostModel, hidden_share
 from minidist.comm.trace import arrivals, wire_times
 from minidist.compare import intervals
-from minidist.compare.analytic import TP_CLOSED_FORM, TensorParallel, busbw_factor, closed_form, plan, ring_bytes
+from minidist.compare.analytic import (CP_CLOSED_FORM, TP_CLOSED_FORM, ContextParallel, TensorParallel, busbw_factor,
+                                       closed_form, plan, ring_bytes)
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.profile import StepProfile
-from minidist.mesh import DATA_PARALLEL_DIMS, SHARD
+from minidist.mesh import CP, DATA_PARALLEL_DIMS, SHARD
 from minidist.shape import ModelShape
 from minidist.strategies import Wire
 
@@ -154,11 +155,11 @@ def _memory(raws: list[dict], prof: StepProfile | None, strategy_cfg, cfg) -> di
 
 def state_group(raw: dict) -> int:
     """The ranks a measured run split its states over, from the mesh it used: its "shard" dimension
-    (hybrid sharding's group), else every data-parallel rank."""
+    (hybrid sharding's group), else every data-parallel rank times cp (the engine spans dp x cp)."""
     dims, shape = raw["mesh"]["dims"], raw["mesh"]["shape"]
     if SHARD in dims:
         return shape[dims.index(SHARD)]
-    return math.prod(n for d, n in zip(dims, shape) if d in DATA_PARALLEL_DIMS)
+    return math.prod(n for d, n in zip(dims, shape) if d in DATA_PARALLEL_DIMS + (CP,))
 
 
 def tensor_parallel_of(raw: dict, shape: ModelShape, cfg) -> tuple[ModelShape, Wire, TensorParallel | None]:
@@ -186,6 +187,10 @@ def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: Ste
     lay, wire, tp = tensor_parallel_of(r0, shape, cfg)
     record = strategies.get(strategy_cfg.name)
     calls = plan(record, lay, world, wire, group=group, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
+    c = r0.get("cp")
+    cp = c and ContextParallel.of_gpt(cfg.model, c["batch"], cfg.model.block_size, c["size"], c["rotate"],
+                                      shape.itemsize)
+    calls += cp.calls() if cp else []
     counts: dict[str, float] = defaultdict(float)
     for r in r0["records"]:
         counts[r["op"]] += 1 / steps
@@ -196,9 +201,14 @@ def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: Ste
                 f"{r0['tp']['batch']} sequences per tp group; "
                 f"TP = {TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]}"
                 f" on the critical path; memory not estimated")
+    if cp:
+        note = (f"cp {cp.size} x dp {world // cp.size}, {c['batch']} sequences per cp group, each rank 1/{cp.size} "
+                f"of their tokens; CP = {CP_CLOSED_FORM[cp.rotate]} ({cp.rotate}) on the critical path; alone: "
+                f"the collectives only (the ring's messages are not replayed); memory not estimated")
     return {"strategy": r0["strategy"], "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
-            "calls": dict(counts), "calls_formula": len(calls), "closed_form": closed_form(strategy_cfg.name, tp),
+            "calls": dict(counts), "calls_formula": len(calls), "closed_form": closed_form(strategy_cfg.name, tp, cp),
             "tp": None if tp is None else {"size": tp.size, "dp": tp.dp, "psi_per_rank": lay.psi,
                                            "term": TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]},
+            "cp": cp and {"size": cp.size, "rotate": cp.rotate, "term": CP_CLOSED_FORM[cp.rotate]},
             "bytes": _bytes(raws, steps, calls), "alone": alone, "time": _time(raws, alone),
-            "memory": _memory(raws, None if tp else prof, strategy_cfg, cfg)}
+            "memory": _memory(raws, None if tp or cp else prof, strategy_cfg, cfg)}

@@ -22,6 +22,15 @@ call, for the b x s tokens a tp group shares (width h, L blocks, e bytes per ele
                      plus the strategy's calls over D on the slices       + its formula, S_T and D
     sequence_parallel, vocab_parallel: the extra terms of TP_CLOSED_FORM
 
+Context-parallel rows (`<strategy>+cp<C>`): C consecutive ranks share each batch's sequences, each
+keeping 1/C of the tokens (minidist.cp), and the strategy runs over all N ranks (dp x cp: its ranks
+hold the same weights). The ring's messages come from minidist.cp.cost, call by call, for the b
+sequences of s tokens a cp group shares (block = b (s/C) h e, k and v stacked in one message):
+
+    +cpC (ring)          per layer C-1 sends of (k, v) forward, 2 (C-1) backward     6 L b s h e (C-1)/C
+    +cpC (all_gather)    per layer one all_gather of (k, v), one reduce_scatter      4 L b s h e (C-1)/C
+                         plus the loss's scalar all_reduce over cp, and the strategy's calls over N
+
 TP's calls sit between the layers that need their result: nothing overlaps them (phase
 "critical"). With clipping, one scalar all_reduce per set of mesh dimensions that split some
 parameter and per dimension of more than one rank (minidist.clip.global_norm);
@@ -51,9 +60,16 @@ TP_CLOSED_FORM = {(False, False): "8Lbshe(T-1)/T", (False, True): "((8L+4)bsh+6b
 """TP's bytes per rank and step by (sequence_parallel, vocab_parallel), from minidist.tp.cost's inventory."""
 
 
-def closed_form(strategy: str, tp: "TensorParallel | None" = None) -> str:
-    """The row's formula: the strategy's; with tensor parallelism TP's term plus the strategy's over S_T and D."""
+CP_CLOSED_FORM = {"ring": "6Lbshe(C-1)/C", "all_gather": "4Lbshe(C-1)/C"}
+"""The ring's (or the all_gather variant's) bytes per rank and step, from minidist.cp.cost.BLOCKS."""
+
+
+def closed_form(strategy: str, tp: "TensorParallel | None" = None, cp: "ContextParallel | None" = None) -> str:
+    """The row's formula: the strategy's; with tensor parallelism TP's term plus the strategy's over S_T and D;
+    with context parallelism CP's term plus the strategy's over all N ranks."""
     own = strategies.get(strategy).closed_form
+    if cp is not None:
+        return f"{CP_CLOSED_FORM[cp.rotate]} + {own}"
     if tp is None or tp.size <= 1:
         return own
     dp = own.replace("S", "S_T").replace("N", "D").replace("S_T_root", "S_root")
@@ -97,6 +113,37 @@ class TensorParallel:
                                  vocab_parallel=vocab_parallel)
         return cls(size, dp, tuple((op, numel, k) for (op, numel), k in sorted(calls.items())), itemsize,
                    tuple(tuple(d) for d in norm_dims), sequence_parallel, vocab_parallel)
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """A row's context parallelism: C consecutive ranks share each batch's sequences (minidist.cp's GPT plan)."""
+
+    size: int
+    """C, ranks per cp group."""
+    rotate: str
+    """How keys and values travel: "ring" or "all_gather" (strategy.cp_rotate)."""
+    n_layer: int
+    block: int
+    """Bytes of one rank's keys (or values): b (s/C) h e (minidist.cp.cost.block_bytes)."""
+
+    @classmethod
+    def of_gpt(cls, model_cfg, batch: int, seq: int, size: int, rotate: str, itemsize: int = 4) -> "ContextParallel":
+        """The GPT's attention over `batch` sequences of `seq` tokens per cp group."""
+        from minidist.cp import cost
+        return cls(size, rotate, model_cfg.n_layer, cost.block_bytes(batch, seq, model_cfg.n_embd, size, itemsize))
+
+    def calls(self) -> list[Call]:
+        """Every message of one step per rank, as minidist.comm.trace records them (k and v in one message;
+        a receive sends nothing); nothing hides them: the layer's attention waits for the last block."""
+        c, kv = self.size, 2 * self.block
+        if self.rotate == "ring":  # forward C-1 hops of (k, v); backward the same tour plus (dk, dv) home
+            hop = [Call("send", kv, c, phase="critical"), Call("recv", kv, c, phase="critical")]
+            per_layer = hop * (3 * (c - 1))
+        else:
+            per_layer = [Call("all_gather", c * kv, c, phase="critical"),
+                         Call("reduce_scatter", c * kv, c, phase="critical")]
+        return per_layer * self.n_layer + [Call("all_reduce", 4, c, phase="forward")]  # the loss's mean over cp
 
 
 def _tensor_parallel(record: Strategy, shape: ModelShape, wire: Wire, world: int, tp: TensorParallel,

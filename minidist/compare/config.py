@@ -19,7 +19,8 @@ from omegaconf import MISSING, OmegaConf
 from minidist import strategies
 from minidist.cli.config import Backend
 from minidist.compare.plan import STRATEGIES as PLANNED
-from minidist.parallel.parallelize import check_tensor_parallel
+from minidist.cp.plan import check_degree as check_cp_degree
+from minidist.parallel.parallelize import check_context_parallel, check_tensor_parallel, cp_policy
 from minidist.strategies.ddp import DDP_RECORD
 from minidist.strategies.schema import DType
 from minidist.tp.plan import check_degree
@@ -175,7 +176,9 @@ class CompareConfig:
     `<strategy>+tp<T>` (tensor parallelism of degree T inside, the strategy over the N / T
     data-parallel ranks: the trainer's strategy.tp_size=T), e.g. `ddp+tp2` (at world 2 pure TP,
     dp = 1) or `full_shard+tp2` (at world 4, dp 2 x tp 2). T must divide the world and the
-    model's heads and width; the preset's own sequence_parallel / vocab_parallel apply.
+    model's heads and width; the preset's own sequence_parallel / vocab_parallel apply. Or
+    `<strategy>+cp<C>` (context parallelism of degree C: the trainer's strategy.cp_size=C, the engine
+    over all N ranks, dp x cp), e.g. `ddp+cp2`; the preset's cp_chunking / cp_rotate apply.
     Default: every registered strategy's default rows (minidist.strategies); model=resnet18's: the
     rows without tensor parallelism (configs/compare_model/resnet18.yaml)."""
     strategy_options: Any = field(default_factory=registered_options)
@@ -208,27 +211,54 @@ TP_ROW = re.compile(r"(?P<base>[a-z0-9_]+)\+tp(?P<tp>[0-9]+)")
 """A tensor-parallel row of `strategies`: <strategy>+tp<T>."""
 
 
+CP_ROW = re.compile(r"(?P<base>[a-z0-9_]+)\+cp(?P<cp>[0-9]+)")
+"""A context-parallel row of `strategies`: <strategy>+cp<C>."""
+
+
 def parse_row(row: str) -> tuple[str, int]:
-    """(strategy, tensor-parallel degree) of a row of `strategies`: "full_shard+tp2" -> ("full_shard", 2)."""
-    m = TP_ROW.fullmatch(row)
-    return (m["base"], int(m["tp"])) if m else (row, 1)
+    """(strategy, tensor-parallel degree) of a row of `strategies`: "full_shard+tp2" -> ("full_shard", 2),
+    "ddp+cp2" -> ("ddp", 1) (its cp degree: cp_degree)."""
+    m = TP_ROW.fullmatch(row) or CP_ROW.fullmatch(row)
+    return (m["base"], int(m.groupdict().get("tp") or 1)) if m else (row, 1)
+
+
+def cp_degree(row: str) -> int:
+    """The context-parallel degree of a row: C for `<strategy>+cp<C>`, else 1."""
+    m = CP_ROW.fullmatch(row)
+    return int(m["cp"]) if m else 1
 
 
 def row_strategy(cfg, row: str):
-    """The strategy config a row runs: strategy_options[<strategy>], with tp_size = T for `<strategy>+tp<T>`."""
-    base, tp = parse_row(row)
-    return OmegaConf.merge(cfg.strategy_options[base], {"tp_size": tp}) if tp > 1 else cfg.strategy_options[base]
+    """The strategy config a row runs: strategy_options[<strategy>], with tp_size = T for `<strategy>+tp<T>`,
+    cp_size = C for `<strategy>+cp<C>`."""
+    (base, tp), cp = parse_row(row), cp_degree(row)
+    degrees = ({"tp_size": tp} if tp > 1 else {}) | ({"cp_size": cp} if cp > 1 else {})
+    return OmegaConf.merge(cfg.strategy_options[base], degrees) if degrees else cfg.strategy_options[base]
 
 
 def check_rows_world(cfg, world: int) -> None:
-    """Every tensor-parallel degree divides the world; ValueError (one line naming `strategies`)."""
-    bad = [row for row in cfg.strategies if world % parse_row(row)[1]]
+    """Every tensor- and context-parallel degree divides the world; ValueError (one line naming `strategies`)."""
+    bad = [row for row in cfg.strategies if world % (parse_row(row)[1] * cp_degree(row))]
     if bad:
         keep = [row for row in cfg.strategies if row not in bad]
+        kinds = " or ".join(sorted({"cp" if cp_degree(row) > 1 else "tp" for row in bad}, reverse=True))
         raise ValueError(f"strategies: {', '.join(bad)} need{'s' if len(bad) == 1 else ''} a world divisible by "
-                         f"its tp degree, and this one has {world} rank{'s' if world > 1 else ''}; run at such a "
+                         f"its {kinds} degree, and this one has {world} rank{'s' if world > 1 else ''}; run at such a "
                          f"world or leave {'it' if len(bad) == 1 else 'them'} out: "
                          f"strategies=[{','.join(keep)}]")
+
+
+def _check_cp_row(cfg, row: str) -> None:
+    """A `<strategy>+cp<C>` row: a GPT without dropout whose block_size cuts into the chunks, an engine
+    over one data-parallel dimension (the record's own mesh rule at C ranks); one line naming the row."""
+    cp, so = cp_degree(row), row_strategy(cfg, row)
+    try:
+        check_context_parallel(cfg.model.name, cp, f"strategies: {row}", f"drop the +cp{cp} rows")
+        check_cp_degree(cfg.model, cp, cp_policy(so).chunking, setting=f"strategies: {row}'s cp", prefix="model.")
+        strategies.get(so.name).dims(so, cp, None)
+    except ValueError as exc:
+        msg = str(exc)
+        raise ValueError(msg if msg.startswith("strategies:") else f"strategies: {row}: {msg}") from None
 
 
 def check(cfg) -> None:
@@ -237,14 +267,19 @@ def check(cfg) -> None:
     no_tp = [r.name for r in strategies.records() if r.comparable and not r.tp_rows]
     rows = [parse_row(s) for s in cfg.strategies]
     unknown = [s for s, (base, tp) in zip(cfg.strategies, rows)
-               if base not in valid or tp < 1 or TP_ROW.fullmatch(s) and (tp < 2 or base in no_tp)]
+               if base not in valid or tp < 1 or TP_ROW.fullmatch(s) and (tp < 2 or base in no_tp)
+               or CP_ROW.fullmatch(s) and cp_degree(s) < 2]
     if unknown or not cfg.strategies:
         raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(unknown) or 'empty'} not valid; choose from "
-                         f"{', '.join(valid)}, or <strategy>+tp<T> (T >= 2; not {', '.join(no_tp)})")
-    preset_tp = sorted({base for base, _ in rows if cfg.strategy_options[base].get("tp_size", 1) != 1})
-    if preset_tp:
-        raise ValueError(f"strategy_options.{preset_tp[0]}.tp_size is set; leave it 1 and name the degree in "
-                         f"strategies, e.g. strategies=[{preset_tp[0]}+tp2]")
+                         f"{', '.join(valid)}, or <strategy>+tp<T> (T >= 2; not {', '.join(no_tp)}), or "
+                         f"<strategy>+cp<C> (C >= 2)")
+    for key, example in (("tp_size", "tp2"), ("cp_size", "cp2")):
+        preset = sorted({base for base, _ in rows if cfg.strategy_options[base].get(key, 1) != 1})
+        if preset:
+            raise ValueError(f"strategy_options.{preset[0]}.{key} is set; leave it 1 and name the degree in "
+                             f"strategies, e.g. strategies=[{preset[0]}+{example}]")
+    for row in (r for r in cfg.strategies if cp_degree(r) > 1):
+        _check_cp_row(cfg, row)
     for row, (base, tp) in zip(cfg.strategies, rows):
         if tp > 1:
             so = cfg.strategy_options[base]

@@ -8,7 +8,8 @@ Per strategy, every rank, in this order:
              build_optimizer, trainer.precision's policy), the task's model and loss,
              BatchStream; the same seed, weights and batches for every strategy (a
              tensor-parallel row, strategy.tp_size = T: each tp group shares T x
-             trainer.batch_size sequences, so every row trains on the same global batch)
+             trainer.batch_size sequences, so every row trains on the same global batch;
+             a context-parallel row, cp_size = C: each cp group C x, each rank its tokens)
   warm-up    cfg.warmup_steps untimed steps: DDP rebuilds its buckets after the first, FSDP
              records its unit order, AdamW allocates its state
   measured   cfg.steps steps of minidist.train.trainer.train_step, inside comm.trace() (bytes,
@@ -30,6 +31,7 @@ Times are perf_counter() seconds since t0, this rank's clock when every rank lef
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import threading
 import time
@@ -45,14 +47,14 @@ from minidist.compare import replay
 from minidist.compare.allocator import AllocatorPeak
 from minidist.compare.memory import MemoryLedger, roles_of
 from minidist.compare.profile import model_shape
-from minidist.mesh import DP, TP, Layout, data_parallel_mesh
+from minidist.mesh import CP, DP, TP, Layout, data_parallel_mesh
 from minidist.strategies import contract
 from minidist.strategies.single import SINGLE
 from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
 from minidist.clip import dims_of
-from minidist.parallel.parallelize import (build_layout, build_optimizer, local_world, optimizer_class, parallelize,
-                                           precision_policy)
+from minidist.parallel.parallelize import (build_layout, build_optimizer, local_batch, local_world, optimizer_class,
+                                           parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task
 from minidist.train.trainer import Run, train_step
@@ -108,13 +110,15 @@ class Bench:
             self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy)
             self.optimizer = build_optimizer(self.model, self.layout, strategy_cfg, cfg.optim, policy)
         self.task = Phased(task)
-        self.batch = cfg.trainer.batch_size * self.tp_size  # every row trains on the same global batch
+        self.batch = cfg.trainer.batch_size * self.tp_size * self.layout.size(CP)  # the same global batch every row
         stream = BatchStream(train_ds, self.batch, self.layout.dp_rank, self.layout.dp_size, cfg.trainer.seed)
         fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
         scaler = ShardedGradScaler(topo.device.type) if fp16 else None
         record = SINGLE if plain else strategies.get(strategy_cfg.name)  # plain: no wrapper, a torch optimizer
         self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, record, stream,
                        None, None, None, {}, PreemptionWatch([], topo.device), scaler)
+        if not plain:  # under context parallelism each rank computes on its tokens of the rows (the trainer's cut)
+            self.run.local_batch = functools.partial(local_batch, layout=self.layout, strategy_cfg=strategy_cfg)
         self.steps = 0
 
     @property
@@ -179,7 +183,8 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
            "steps": [[a - t0, b - t0] for a, b in steps], "phases": _phases(bench.task, steps, t0),
            "baseline": {"steps": [[a - t0, b - t0] for a, b in baseline], "phases": _phases(plain.task, baseline, t0)},
            "kernel_bytes": written.bytes - cfg.steps * written.barrier_pair if gloo else None,
-           "alone": alone, "bucket_numels": bench.bucket_numels(), "tp": tensor_parallel(cfg, bench)}
+           "alone": alone, "bucket_numels": bench.bucket_numels(), "tp": tensor_parallel(cfg, bench),
+           "cp": context_parallel(bench)}
     del bench, plain, tr
     if cfg.memory:
         phase(PHASES[3])
@@ -215,6 +220,15 @@ def tensor_parallel(cfg, bench: Bench) -> dict | None:
             "param_numels": list(sliced.param_numels), "param_units": list(sliced.param_units),
             "unit_param_rows": [list(map(list, u)) for u in sliced.unit_param_rows],
             "norm_dims": sorted(list(k) for k in keys)}
+
+
+def context_parallel(bench: Bench) -> dict | None:
+    """The row's context parallelism (None without it): its degree, how keys and values travel, and the
+    sequences a cp group shares (each rank holds 1/C of their tokens)."""
+    size = bench.layout.size(CP)
+    if size == 1:
+        return None
+    return {"size": size, "rotate": bench.strategy_cfg.cp_rotate, "batch": bench.batch}
 
 
 def _records(tr: comm.Trace, t0: float, strategy: str) -> list[dict]:

@@ -116,7 +116,9 @@ LEGENDS = {
         "(gloo's message headers); analytic: the same formulas applied call by call to the model's predicted call "
         "list (padding included; equal to ring when the calls are the predicted ones); formula: their closed form (S parameter bytes, G shard group, R replicas; a tensor-parallel "
         "row <strategy>+tp<T>: TP's term, L blocks of width h, b sequences of s tokens per tp group, e bytes per "
-        "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks); x DDP: "
+        "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks; a "
+        "context-parallel row <strategy>+cp<C>: the ring's term (minidist.cp.cost), b sequences of s tokens per cp "
+        "group, plus the strategy's over all N ranks); x DDP: "
         "ring bytes over DDP's.",
     "time per step (median [interquartile range] of the measured steps)":
         "step: the trainer's step, the slowest rank; plain: the same step of the plain model (no wrapper, no "
@@ -158,8 +160,9 @@ def notes(rows: list[dict]) -> list[str]:
 
 
 def _short_formula(r: dict) -> str:
-    """The formula cell as printed: a tensor-parallel row's TP term as "TP" (its note spells it out)."""
-    return r["closed_form"].replace(r["tp"]["term"], "TP") if r.get("tp") else r["closed_form"]
+    """The formula cell as printed: a tensor- (context-) parallel row's TP (CP) term so (its note spells it out)."""
+    short = r["closed_form"].replace(r["tp"]["term"], "TP") if r.get("tp") else r["closed_form"]
+    return short.replace(r["cp"]["term"], "CP") if r.get("cp") else short
 
 
 def terminal(rows: list[dict], ddp: float) -> str:
@@ -196,6 +199,7 @@ def flat_row(row: dict) -> dict:
     out = {k: row[k] for k in ("strategy", "world", "backend", "closed_form", "note")}
     out |= {f"calls_{op}": n for op, n in row["calls"].items()}
     out |= {f"tp_{k}": v for k, v in (row.get("tp") or {}).items()}  # a tensor-parallel row's degree, dp, slices
+    out |= {f"cp_{k}": v for k, v in (row.get("cp") or {}).items()}  # a context-parallel row's degree, rotation
     out |= {f"bytes_{k}": v for k, v in row["bytes"].items() if k != "kernel_per_rank"}
     for key in ("step", "baseline"):
         out |= {f"time_{key}_{k}": v for k, v in row["time"][key].items()}

@@ -32,6 +32,15 @@ layers by their slices, and the data-parallel engine above wraps *that* model ov
 the slices' shapes, the same on every rank of its group. The two never share a collective:
 TP's all_reduces run inside forward and backward on the tp group, the engine's on dp.
 
+strategy.cp_size = C > 1 adds a "cp" dimension (between data parallelism and tp) to any of them
+but the 2-D ones (hybrid_shard, no_shard): minidist.cp.parallelize_gpt over layout["cp"] (after
+TP) makes each rank compute on 1/C of every sequence's tokens, and the engine spans "dp_cp", the
+data-parallel ranks times C (minidist.strategies.record.engine_mesh): cp ranks hold the same
+weights, so their gradients are averaged with the data-parallel ones in the engine's one
+reduction, and FSDP and ZeRO shard over all of them. The cp ranks of a data shard read the same
+rows; local_batch cuts out each one's tokens every step, and the model's loss is already the
+mean over every cp rank's tokens (minidist.cp.plan), so the loop logs and evaluates unchanged.
+
 A new kind of parallelism is a new record (minidist.strategies.register) and, if it shards
 state, an engine offering the contract the loop and the checkpoints call
 (minidist.strategies.contract: no_sync, whole and sharded state dicts): they ask the record
@@ -49,8 +58,8 @@ import os
 import torch
 import torch.nn as nn
 
-from minidist import clip, strategies
-from minidist.mesh import DP, TP, Layout, ParallelDims
+from minidist import clip, cp, strategies
+from minidist.mesh import CP, DP_CP, TP, Layout, ParallelDims
 from minidist.models.gpt import GPT
 from minidist.parallel import placement
 from minidist.precision import MixedPrecisionPolicy
@@ -68,6 +77,17 @@ def check_tensor_parallel(model: str, tp: int, setting: str, fix: str) -> None:
     Composition (minidist.cli), the comparison's rows and parallelize() itself all ask here."""
     if tp > 1 and model not in TP_MODELS:
         raise ValueError(f"{setting}: tensor parallelism has a plan for model=gpt only, not model={model}; {fix}")
+
+
+def check_context_parallel(model: str, cp_size: int, setting: str, fix: str) -> None:
+    """Which models take context parallelism (minidist.cp.parallelize_gpt: the GPT's attention); as above."""
+    if cp_size > 1 and model not in TP_MODELS:
+        raise ValueError(f"{setting}: context parallelism has a plan for model=gpt only, not model={model}; {fix}")
+
+
+def cp_policy(strategy_cfg) -> cp.CPPolicy:
+    """strategy.cp_chunking and strategy.cp_rotate as minidist.cp's policy; ValueError naming the key."""
+    return cp.CPPolicy.of(strategy_cfg.cp_chunking, strategy_cfg.cp_rotate, prefix="strategy.cp_")
 
 
 def build_layout(strategy_cfg, topo: Topology) -> Layout:
@@ -90,6 +110,8 @@ def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tup
     """Wrap `model` (already on its device) as the strategy says; returns what forward/backward run on."""
     if layout.size(TP) > 1:  # the layers first, then data parallelism over what remains
         model = _apply_tp(model, layout[TP], strategy_cfg)
+    if layout.size(CP) > 1:  # then the sequence; the engine below spans dp x cp
+        model = _apply_cp(model, layout[CP], strategy_cfg)
     return strategies.get(strategy_cfg.name).wrap_model(model, layout, strategy_cfg, block_types, policy)
 
 
@@ -98,6 +120,21 @@ def _apply_tp(model: nn.Module, mesh, cfg) -> nn.Module:
     name = next((n for n, cls in TP_MODELS.items() if isinstance(model, cls)), type(model).__name__)
     check_tensor_parallel(name, mesh.size(), f"strategy.tp_size={mesh.size()}", "use strategy.tp_size=1")
     return parallelize_gpt(model, mesh, sequence_parallel=cfg.sequence_parallel, vocab_parallel=cfg.vocab_parallel)
+
+
+def _apply_cp(model: nn.Module, mesh, cfg) -> nn.Module:
+    """Ring (or all_gather) attention over the 1-D "cp" mesh (minidist.cp.parallelize_gpt), in place."""
+    name = next((n for n, c in TP_MODELS.items() if isinstance(model, c)), type(model).__name__)
+    check_context_parallel(name, mesh.size(), f"strategy.cp_size={mesh.size()}", "use strategy.cp_size=1")
+    return cp.parallelize_gpt(model, mesh, cp_policy(cfg))
+
+
+def local_batch(batch: list, layout: Layout, strategy_cfg) -> list:
+    """What this rank computes on of the batch its data shard read: under context parallelism its tokens
+    of the same rows (minidist.cp.shard_batch, the strategy's chunking), else the batch as it is."""
+    if layout.size(CP) == 1:
+        return batch
+    return list(cp.shard_batch(batch[0], batch[1], layout[CP], cp_policy(strategy_cfg).chunking))
 
 
 def precision_policy(trainer_cfg, strategy_cfg) -> MixedPrecisionPolicy | None:
@@ -159,14 +196,15 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, layout: Layout, optimizer
     the dimensions it declares (FSDP's shards over "dp" or "shard", a tensor-parallel slice
     over "tp"), replicated ones counted once. ZeRO keeps the averaged gradients in its
     optimizer's shards (p.grad is None after backward; its contract, ShardedOptimizerState,
-    hands them out): there the pieces it holds, plus "dp" (each element lives on one
-    data-parallel rank).
+    hands them out): there the pieces it holds, plus "dp_cp" (each element lives on one rank of
+    its engine's mesh: "dp", or dp x cp). cp ranks hold the same parameters and, after the
+    engine's reduction over dp x cp, the same whole gradients: nothing is summed over cp again.
     """
     if strategy.optimizer_engine is contract.ShardedOptimizerState:
         pieces, split_over_dp = optimizer.grad_pieces()
         every = [(p, None) for p in optimizer.parameters_in_order] + pieces  # the same groups on every rank
         return clip.clip_grad_norm_(every, max_norm, layout, device=layout.device, norm_type=norm_type,
-                                    also=(DP,) if split_over_dp else ())
+                                    also=(DP_CP,) if split_over_dp else ())
     pieces = [(p, p.grad) for p in model.parameters()]
     return clip.clip_grad_norm_(pieces, max_norm, layout, device=layout.device, norm_type=norm_type)
 

@@ -15,9 +15,9 @@ from typing import Callable, Optional
 from minidist.ddp import DDP
 from minidist.ddp import footprint as ddp_footprint
 from minidist.buckets.policy import ReducerPolicy
-from minidist.mesh import DP, ParallelDims
+from minidist.mesh import ParallelDims
 from minidist.strategies import contract
-from minidist.strategies.record import SETTINGS, Call, Strategy
+from minidist.strategies.record import SETTINGS, Call, Strategy, engine_mesh
 from minidist.strategies.registry import register
 from minidist.strategies.schema import DataParallelStrategy, DType
 
@@ -54,12 +54,12 @@ def comm_hook(path: str | None) -> Callable | None:
 
 
 def dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
-    """N / T replicas over "dp" (T = strategy.tp_size)."""
-    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), shard=1, settings=SETTINGS)
+    """N / (T C) replicas over "dp" (T = strategy.tp_size, C = strategy.cp_size)."""
+    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), cp=cfg.get("cp_size", 1), shard=1, settings=SETTINGS)
 
 
 def wrap(model, layout, cfg, blocks, mp_policy):
-    return DDP(model, mesh=layout[DP], bucket_cap_mb=cfg.bucket_cap_mb,
+    return DDP(model, mesh=engine_mesh(layout), bucket_cap_mb=cfg.bucket_cap_mb,
                find_unused_parameters=cfg.find_unused_parameters, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                broadcast_buffers=cfg.broadcast_buffers, comm_hook=comm_hook(cfg.comm_hook), mp_policy=mp_policy)
 

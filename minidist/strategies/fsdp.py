@@ -31,7 +31,7 @@ from minidist.fsdp.schedule import DEFAULT_PREFETCH
 from minidist.mesh import DP, REPLICATE, SHARD, ParallelDims
 from minidist.precision import MixedPrecisionPolicy
 from minidist.strategies import contract
-from minidist.strategies.record import SETTINGS, Call, Strategy, clip_call, every_rank, padded
+from minidist.strategies.record import SETTINGS, Call, Strategy, clip_call, engine_mesh, every_rank, padded
 from minidist.strategies.registry import register
 from minidist.strategies.schema import DataParallelStrategy, DType
 
@@ -72,7 +72,8 @@ def _wrapper(mesh_dims, reshard_after_forward: bool):
     def wrap(model, layout, cfg, blocks, mp_policy):
         policy = mp_policy or MixedPrecisionPolicy(cfg.param_dtype.torch_dtype if cfg.param_dtype else None,
                                                    cfg.reduce_dtype.torch_dtype if cfg.reduce_dtype else None)
-        model = FSDP(model, mesh=layout[mesh_dims], wrap=set(blocks) if cfg.wrap_blocks else None,
+        mesh = engine_mesh(layout) if mesh_dims == DP else layout[mesh_dims]
+        model = FSDP(model, mesh=mesh, wrap=set(blocks) if cfg.wrap_blocks else None,
                      reshard_after_forward=reshard_after_forward, mp_policy=policy)
         if cfg.prefetch != DEFAULT_PREFETCH:  # else FSDP2's default: the next unit in the recorded order
             prefetch_ahead(model.units, cfg.prefetch, cfg.prefetch)
@@ -118,9 +119,21 @@ def _no_shard_calls(shape, wire, world, group, grad_clip) -> list[Call]:
     return [Call("all_reduce", u * wire.reduce_bytes(shape), world) for u in shape.unit_numels if u]
 
 
+def _one_dimension(cfg) -> None:
+    """Context parallelism shards over dp x cp flattened into one dimension; FSDP's 2-D mesh (hybrid_shard,
+    no_shard) would need (replicate, shard x cp), which minidist does not build: one line."""
+    if cfg.get("cp_size", 1) > 1:
+        raise ValueError(f"strategy.cp_size={cfg.cp_size}: strategy={cfg.name} runs FSDP over (replicate, shard), "
+                         f"and context parallelism needs one data-parallel dimension to share with cp; use "
+                         f"ddp, zero1, zero2, zero1_broadcast, shard_grad_op or full_shard, or strategy.cp_size=1")
+
+
 def _dims(shard: int, hybrid: bool = False):
     def dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
-        return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), shard=shard, hybrid=hybrid, settings=SETTINGS)
+        if hybrid:
+            _one_dimension(cfg)
+        return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), cp=cfg.get("cp_size", 1), shard=shard,
+                                  hybrid=hybrid, settings=SETTINGS)
     return dims
 
 
@@ -151,6 +164,7 @@ def _shard_group(cfg, world: int, local_world: int | None) -> int:
 
 
 def _hybrid_dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
+    _one_dimension(cfg)
     return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), shard=_shard_group(cfg, world, local_world),
                               hybrid=True, settings=SETTINGS)
 

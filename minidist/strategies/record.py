@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from minidist.mesh import SHARD, TP
+from minidist.mesh import CP, DP_CP, SHARD, TP
 
-SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size"}
+SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size", CP: "strategy.cp_size"}
 """The config keys that set each degree of a strategy's mesh, for one-line errors (ParallelDims.infer)."""
 
 STATES = {0: "(p+g+K) psi", 1: "(p+g) psi + K psi/N", 2: "p psi + (g+K) psi/N", 3: "(p+g+K) psi/N"}
@@ -95,6 +95,14 @@ def padded(numel: int, n: int) -> int:
 def clip_call(group: int) -> list[Call]:
     """The clip's one fp32 scalar all_reduce over the ranks a gradient is split over (none when whole)."""
     return [Call("all_reduce", 4, group, phase="after")] if group > 1 else []
+
+
+def engine_mesh(layout):
+    """The 1-D mesh a data-parallel engine spans: "dp", or under context parallelism "dp_cp" (dp x cp
+    flattened, torchtitan's dp_shard_cp). cp ranks hold the same weights but saw different tokens, so
+    their gradients are averaged together with the data-parallel ones, in the engine's one reduction
+    (2 psi e (dp cp - 1)/(dp cp) per rank for DDP), and FSDP and ZeRO shard over all dp cp ranks."""
+    return layout[DP_CP]
 
 
 # ----------------------------------------------------------------------- defaults

@@ -1,4 +1,5 @@
-"""What every strategy's config schema shares: the dtype type, and tensor parallelism inside data parallelism.
+"""What every strategy's config schema shares: the dtype type, and tensor and context parallelism inside data
+parallelism.
 
 Each record (minidist.strategies.record.Strategy) names its schema, a dataclass whose fields are
 the keys `strategy.*` accepts; Hydra merges configs/strategy/<name>.yaml onto it (minidist.cli),
@@ -28,8 +29,9 @@ class DType(enum.Enum):
 
 @dataclass
 class DataParallelStrategy:
-    """What every data-parallel strategy shares: its name, then tensor parallelism inside it (the layers split
-    over "tp" first, the engine over the data-parallel ranks that remain: minidist.parallel.parallelize)."""
+    """What every data-parallel strategy shares: its name, then tensor and context parallelism inside it (the
+    layers split over "tp" first, then the sequence over "cp", the engine over the data-parallel ranks that
+    remain times cp: minidist.parallel.parallelize)."""
 
     name: str = ""
     """Strategy name (set by the preset; do not override)."""
@@ -42,3 +44,13 @@ class DataParallelStrategy:
     vocab_parallel: bool = False
     """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
     from split logits; tp_size must divide model.vocab_size."""
+    cp_size: int = 1
+    """Context-parallel degree: ranks per "cp" group, each keeping 1/cp of every sequence's tokens (ring
+    attention, minidist.cp); the GPT only, without dropout; 2 cp_size (zigzag) or cp_size (contiguous) must
+    divide model.block_size. The engine spans dp x cp: cp ranks hold the same weights."""
+    cp_chunking: str = "zigzag"
+    """With cp_size > 1: zigzag (rank r keeps chunks r and 2 cp-1-r of 2 cp: equal causal work on every rank)
+    or contiguous (chunk r of cp: the last rank does 2 - 1/cp times the mean)."""
+    cp_rotate: str = "ring"
+    """With cp_size > 1: how keys and values reach every rank: ring (point-to-point, one block in flight) or
+    all_gather (the whole sequence's keys and values at once: fewer bytes, more memory)."""

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from minidist.buckets.policy import ReducerPolicy
-from minidist.mesh import DP
 from minidist.strategies import contract, ddp
-from minidist.strategies.record import Call, Strategy, clip_call, padded
+from minidist.strategies.record import Call, Strategy, clip_call, engine_mesh, padded
 from minidist.strategies.registry import register
 from minidist.strategies.schema import DataParallelStrategy, DType
 from minidist.zero import ShardedOptimizer
@@ -52,7 +51,7 @@ def _paper(stage: int, closed_form: str) -> Strategy:
     """The paper's ZeRO-`stage` (flat partitions, reduce_scatter and all_gather per bucket)."""
 
     def build(model, layout, cfg, optim_cls, optim_kwargs, mp_policy):
-        return ShardedOptimizer(list(model.parameters()), optim_cls, mesh=layout[DP], module=model,
+        return ShardedOptimizer(list(model.parameters()), optim_cls, mesh=engine_mesh(layout), module=model,
                                 bucket_cap_mb=cfg.bucket_cap_mb, stage=stage, mp_policy=mp_policy,
                                 overlap_param_gather=cfg.overlap_param_gather, **optim_kwargs)
 
@@ -77,7 +76,7 @@ def _paper(stage: int, closed_form: str) -> Strategy:
 
 
 def _build_broadcast(model, layout, cfg, optim_cls, optim_kwargs, mp_policy):
-    return ShardedOptimizer(list(model.parameters()), optim_cls, mesh=layout[DP], module=model,
+    return ShardedOptimizer(list(model.parameters()), optim_cls, mesh=engine_mesh(layout), module=model,
                             bucket_cap_mb=cfg.bucket_cap_mb, owner_broadcast=True, **optim_kwargs)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from minidist.mesh import TP, Layout
+from minidist.mesh import DATA_PARALLEL_DIMS, TP, Layout
 from minidist.runtime import UsageError
 
 MARKER = "COMPLETE"
@@ -150,11 +150,13 @@ class Contents:
 
 
 def layout_label(strategy: str, dims: tuple[str, ...], shape: tuple[int, ...]) -> str:
-    """"full_shard at 4 ranks (tp 2)": a strategy and its mesh, as a resumed run's log and curves name them."""
-    world, tp = 1, dict(zip(dims, shape)).get(TP, 1)
+    """"full_shard at 4 ranks (tp 2)": a strategy and its mesh, as a resumed run's log and curves name them
+    (every dimension but the data-parallel ones: "ddp at 4 ranks (cp 2, tp 2)")."""
+    world = 1
     for n in shape:
         world *= n
-    return f"{strategy} at {world} rank{'s' if world > 1 else ''}" + (f" (tp {tp})" if tp > 1 else "")
+    inner = ", ".join(f"{d} {n}" for d, n in zip(dims, shape) if d not in DATA_PARALLEL_DIMS and n > 1)
+    return f"{strategy} at {world} rank{'s' if world > 1 else ''}" + (f" ({inner})" if inner else "")
 
 
 def contents(d: Path, manifest: dict) -> Contents:

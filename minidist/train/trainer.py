@@ -20,6 +20,7 @@ train() does not create or destroy the process group: the recipe (or a test) own
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 import time
@@ -38,8 +39,8 @@ from minidist.train.checkpoint import Checkpointer
 from minidist.train.checkpoint_files import layout_label
 from minidist.train.data import BatchStream, build_datasets
 from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
-from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict, no_sync,
-                                        parallelize, precision_policy)
+from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
+                                           local_batch, no_sync, parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config
 from minidist.train.task import make_task
@@ -83,6 +84,9 @@ class Run:
     t0: float = field(default_factory=time.perf_counter)
     request: RunRequest | None = None
     """What the launcher asked for (the command that continues the run, if it knows one)."""
+    local_batch: Callable[[list], list] = lambda batch: batch
+    """What this rank computes on of a batch its data shard read: under context parallelism its tokens of
+    the same rows (minidist.parallel.parallelize.local_batch), else the batch itself."""
 
     def request_stop(self) -> None:
         """Checkpoint after the current step and return from train() (resume=auto continues)."""
@@ -159,7 +163,8 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
     watch = PreemptionWatch(list(tc.preempt_signals), topo.device,
                             announce=STOPPING_LINE if layout.is_main else None)
     return Run(cfg, topo, layout, plan, run_dir, task, model, optimizer, strategies.get(cfg.strategy.name), stream,
-               val_stream, ckpt, logger, info, watch, scaler, start, request=request)
+               val_stream, ckpt, logger, info, watch, scaler, start, request=request,
+               local_batch=functools.partial(local_batch, layout=layout, strategy_cfg=cfg.strategy))
 
 
 def _resume(cfg, ckpt: Checkpointer, stream: BatchStream, scaler=None) -> tuple[int, Path | None, str, str]:
@@ -192,7 +197,8 @@ def train_step(run: Run, step: int) -> StepStats:
         step_loss = torch.zeros((), device=run.topo.device)  # summed on the device: no host sync
         for micro in range(tc.grad_accum):
             batch = [b.to(run.topo.device, non_blocking=True) for b in next(run.stream)]
-            items += run.task.count(batch)
+            items += run.task.count(batch)  # the rows this data shard read, before cp cuts out my tokens
+            batch = run.local_batch(batch)
             last = micro == tc.grad_accum - 1
             skip = contextlib.nullcontext() if last else no_sync(run.model, opt, run.strategy)
             with skip:  # backward inside too: ZeRO and FSDP read it there
@@ -221,7 +227,8 @@ def log_step(run: Run, stats: StepStats) -> None:
     if stats.trace is None and stats.step != run.cfg.trainer.steps:
         return
     window, run.window = run.window, []
-    # summed over the data-parallel ranks only: ranks that differ in tp hold the same loss
+    # summed over the data-parallel ranks only: ranks that differ in tp hold the same loss, and so do cp
+    # ranks (the model's loss is the mean over every cp rank's tokens: minidist.cp.plan)
     mean_loss = run.layout.all_reduce(torch.stack([s.loss for s in window]).mean().double())
     mean_loss = float(mean_loss) / run.layout.dp_size
     step_s = sum(s.seconds for s in window) / len(window)
@@ -240,12 +247,13 @@ def log_step(run: Run, stats: StepStats) -> None:
 # -------------------------------------------------------------------------- evaluate
 @torch.no_grad()
 def evaluate(run: Run, max_batches: int | None) -> dict[str, float]:
-    """Every rank runs the same number of validation batches of its own shard; the sums are all-reduced."""
+    """Every rank runs the same number of validation batches of its own shard; the sums are all-reduced over
+    the data-parallel ranks (cp ranks' losses are their shard's mean over all its tokens already)."""
     run.model.eval()
     sums = None
     for batch in run.val_stream.one_pass(max_batches):
         with run.autocast():
-            s = run.task.eval_sums(run.model, [b.to(run.topo.device) for b in batch])
+            s = run.task.eval_sums(run.model, run.local_batch([b.to(run.topo.device) for b in batch]))
         sums = s if sums is None else sums + s
     run.model.train()
     return run.task.report(run.layout.all_reduce(sums).cpu())

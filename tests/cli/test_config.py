@@ -75,6 +75,13 @@ def test_experiments_compose():
      ["strategy.tp_size=4 must divide model.block_size=130", "valid: 1, 2"]),
     ("experiment=resnet_synthetic strategy.tp_size=2", ["strategy.tp_size=2", "model=gpt only"]),
     ("strategy.tp_size=0", ["strategy.tp_size=0 must be >= 1"]),
+    ("strategy.cp_size=2 model.block_size=30", ["strategy.cp_size=2 must split model.block_size=30 into 4 chunks",
+                                                "valid: 1, 3, 5, 15"]),
+    ("strategy.cp_size=2 model.dropout=0.1", ["strategy.cp_size=2", "set model.dropout=0"]),
+    ("strategy.cp_size=2 strategy.cp_rotate=star", ["strategy.cp_rotate='star'", "ring, all_gather"]),
+    ("experiment=resnet_synthetic strategy.cp_size=2", ["strategy.cp_size=2", "model=gpt only"]),
+    ("strategy=hybrid_shard strategy.cp_size=2", ["strategy=hybrid_shard", "shard_grad_op or full_shard"]),
+    ("strategy.cp_size=2", ["strategy.cp_size=2 must divide the 1 process of the job; valid: 1"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     with pytest.raises(ConfigError) as info:
@@ -84,3 +91,15 @@ def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     for word in expect:
         assert word in msg, msg
     assert "schema" not in msg.split("valid")[-1], msg  # schema nodes are not offered as choices
+
+
+def test_cp_degree_that_does_not_divide_the_world_is_one_line(monkeypatch):
+    """At 4 processes (torchrun's environment) with tp 2, cp must divide the 2 ranks left: named before any
+    process group exists."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError) as info:
+        compose_config(["strategy=full_shard", "strategy.tp_size=2", "strategy.cp_size=4", "model.n_head=4"])
+    assert str(info.value) == ("strategy.cp_size=4 must divide the 2 ranks (4 processes / strategy.tp_size=2); "
+                               "valid: 1, 2"), info.value
+    assert compose_config(["strategy=full_shard", "strategy.tp_size=2", "strategy.cp_size=2",
+                           "model.n_head=4"]).strategy.cp_size == 2

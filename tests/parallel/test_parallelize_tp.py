@@ -17,7 +17,7 @@ from minidist.mesh import TP
 from minidist.models import Block
 from minidist.cli import compose_config
 from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
-                                        optimizer_class, parallelize)
+                                        local_batch, optimizer_class, parallelize)
 from minidist.train.data import IGNORE
 from minidist.train.task import make_task
 
@@ -62,9 +62,10 @@ def _reference() -> dict:
     return {"losses": losses, "norms": norms, "state": model.state_dict()}
 
 
-def _run(case: str, extra: list[str], topo) -> dict:
+def _run(case: str, extra: list[str], topo, degrees: tuple[str, ...] = ("strategy.tp_size=2",)) -> dict:
+    """The case as the trainer builds it; each rank its data shard's rows, (under cp) its tokens of them."""
     strategy = case.split()[0]
-    cfg = compose_config(MODEL + [f"strategy={strategy}", "strategy.tp_size=2", *extra])
+    cfg = compose_config(MODEL + [f"strategy={strategy}", *degrees, *extra])
     layout = build_layout(cfg.strategy, topo)
     torch.manual_seed(0)
     model = parallelize(make_task(cfg.model).build()[0], layout, cfg.strategy, (Block,))
@@ -73,7 +74,7 @@ def _run(case: str, extra: list[str], topo) -> dict:
     rows = slice(layout.dp_rank * ROWS // layout.dp_size, (layout.dp_rank + 1) * ROWS // layout.dp_size)
     losses, norms = [], []
     for x, y in zip(xs, ys):
-        loss = model(x[rows], y[rows])[1]
+        loss = model(*local_batch([x[rows], y[rows]], layout, cfg.strategy))[1]
         loss.backward()
         norms.append(clip_grad_norm_(model, MAX_NORM, layout, opt, strategy=strategies.get(strategy)).item())
         opt.step()
@@ -83,15 +84,17 @@ def _run(case: str, extra: list[str], topo) -> dict:
         opt.wait_for_params()
     whole = full_state_dict(model, layout, strategies.get(strategy))
     return {"mesh": dict(zip(layout.names, layout.mesh.shape)), "losses": losses, "norms": norms,
-            "whole": whole, "tp_sliced": sum(TP in getattr(p, "sharded_over", {}) for p in model.parameters())}
+            "whole": whole, "tp_sliced": sum(TP in getattr(p, "sharded_over", {}) for p in model.parameters()),
+            "modules": {type(m).__name__ for m in model.modules()}}
 
 
-def _compose_and_train() -> dict:
+def _compose_and_train(cases: dict | None = None, degrees: tuple[str, ...] = ("strategy.tp_size=2",)) -> dict:
+    """Every case (default: CASES) against one reference, in one pooled world."""
     topo = runtime.init("gloo")
     ref = _reference()
     out = {}
-    for case, extra in CASES.items():
-        got = _run(case, extra, topo)
+    for case, extra in (cases or CASES).items():
+        got = _run(case, extra, topo, degrees)
         whole = got.pop("whole")
         got["state_diff"] = max((whole[k] - v).abs().max().item() for k, v in ref["state"].items()) if whole else None
         got["state_keys"] = sorted(whole) == sorted(ref["state"]) if whole else None
@@ -104,19 +107,26 @@ def composed(_pools):
     return _pools.run(4, _compose_and_train, timeout=400)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_tp_inside_each_engine_equals_one_process(composed, case):
+def assert_equals_one_process(composed: list, case: str) -> dict:
+    """Every rank's losses and clipped norms, and the main process's whole model, are the reference's; the
+    main process's result."""
     ref = composed[0]["reference"]
     for rank, per_rank in enumerate(composed):
         got = per_rank[case]
-        assert got["tp_sliced"] > 0, "the model was not split"
         for name in ("losses", "norms"):
             for step, (a, b) in enumerate(zip(got[name], ref[name])):
                 assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (case, rank, name, step, a, b)
     main = composed[0][case]
     assert main["state_keys"] and main["state_diff"] <= 1e-5, (case, main["state_diff"])
     assert all(r[case]["state_diff"] is None for r in composed[1:])  # the whole model on the main process only
+    assert ref["norms"][0] > MAX_NORM  # the clip was active
+    return main
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tp_inside_each_engine_equals_one_process(composed, case):
+    assert all(per_rank[case]["tp_sliced"] > 0 for per_rank in composed), "the model was not split"
+    main = assert_equals_one_process(composed, case)
     hsdp = case.split()[0] in ("hybrid_shard", "no_shard")  # FSDP2's 2-D mesh, shards of one rank
     shape = {"replicate": 2, "shard": 1, "tp": 2} if hsdp else {"dp": 2, "tp": 2}
     assert main["mesh"] == shape
-    assert ref["norms"][0] > MAX_NORM  # the clip was active

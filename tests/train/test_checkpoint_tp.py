@@ -27,11 +27,12 @@ BASE = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=
 GLOBAL_BATCH = 8
 
 
-def _run(out: str, name: str, strategy: str, tp: int, *extra: str) -> dict:
+def _run(out: str, name: str, strategy: str, tp: int, *extra: str, degree: str = "tp") -> dict:
+    """train() at strategy.<degree>_size=tp (tp or cp: their ranks share each batch) on GLOBAL_BATCH rows."""
     topo = runtime.init("gloo")
-    batch = GLOBAL_BATCH * tp // topo.world_size  # per rank: the same global batch at any layout
-    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}", f"strategy.tp_size={tp}",
-                                 f"trainer.batch_size={batch}", *extra])
+    batch = GLOBAL_BATCH * tp // topo.world_size  # per data shard: the same global batch at any layout
+    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}",
+                                 f"strategy.{degree}_size={tp}", f"trainer.batch_size={batch}", *extra])
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         result = train(cfg, topo)

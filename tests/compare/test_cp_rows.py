@@ -1,0 +1,45 @@
+"""Context-parallel rows of the comparison without a process group: the row syntax and its one-line
+mistakes, and the ring's calls in the analytic column against minidist.cp.cost's formula. The measured
+rows (trace, kernel) are checked in test_kernel_bytes.py (ddp+cp2 and full_shard+cp2 at N = 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from minidist.cli.compose import ConfigError
+from minidist.compare.analytic import ContextParallel, calls_by_op, closed_form, ring_bytes
+from minidist.compare.config import cp_degree, parse_row
+from minidist.cp import Rotate, cost
+from minidist.models.gpt import GPTConfig
+from tests.compare.test_tp_rows import SMALL
+
+
+def test_a_bad_cp_row_is_one_line_naming_strategies():
+    from recipes.compare import compose
+    for argv, world, expect in [
+        (["strategies=[ddp+cp2]"], 3, "ddp+cp2 needs a world divisible by its cp degree, and this one has 3"),
+        (["strategies=[ddp+cp1]"], 2, "ddp+cp1 not valid"),
+        (["strategies=[hybrid_shard+cp2]"], 2, "strategies: hybrid_shard+cp2: strategy.cp_size=2: strategy=hybrid"),
+        (["strategies=[ddp+cp4]", "model.block_size=12"], 4,
+         "strategies: ddp+cp4's cp=4 must split model.block_size=12 into 8 chunks (zigzag); valid: 1, 2, 3, 6"),
+        (["strategies=[ddp]", "strategy_options.ddp.cp_size=2"], 2, "e.g. strategies=[ddp+cp2]"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            compose(SMALL + argv, world=(world, world))
+        assert "\n" not in str(info.value) and expect in str(info.value), str(info.value)
+    assert parse_row("full_shard+cp2") == ("full_shard", 1) and cp_degree("full_shard+cp2") == 2
+    assert cp_degree("ddp+tp2") == 1
+    assert compose(SMALL + ["strategies=[ddp,ddp+cp2]"], world=(2, 2)).strategies == ["ddp", "ddp+cp2"]
+
+
+@pytest.mark.parametrize("rotate", list(Rotate))
+def test_the_rings_calls_send_what_cp_cost_says(rotate):
+    """Built call by call (k and v in one message, a receive sending nothing), the same bytes as
+    minidist.cp.cost's closed form, loss all_reduce included; C - 1 hops forward, 2 (C - 1) backward."""
+    model = GPTConfig(n_layer=3, n_embd=32, n_head=4, block_size=16, vocab_size=64)
+    cp = ContextParallel.of_gpt(model, 8, 16, 4, rotate.value)
+    assert ring_bytes(cp.calls()) == pytest.approx(cost.step_bytes(model, 8, 16, 4, rotate))
+    want = {"send": 3 * 9, "recv": 3 * 9, "all_reduce": 1} if rotate is Rotate.RING else \
+        {"all_gather": 3, "reduce_scatter": 3, "all_reduce": 1}
+    assert calls_by_op(cp.calls()) == want
+    assert closed_form("full_shard", cp=cp).startswith({"ring": "6", "all_gather": "4"}[rotate.value] + "Lbshe")
