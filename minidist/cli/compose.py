@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minidist import strategies
 from minidist.cli.config import CONFIG_DIR, RunConfig, groups
+from minidist.parallel import pipeline
 from minidist.parallel.parallelize import check_tensor_parallel, layout_dims
 from minidist.runtime import UsageError, launched_world
 from minidist.tp.plan import check_degree
@@ -152,6 +153,7 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
     _check_trainer(cfg.trainer)
     check_model(cfg.model)
     _check_tp(cfg)
+    _check_pp(cfg)
     _check_strategy(cfg.strategy, world_size, local_world_size)
 
 
@@ -224,6 +226,15 @@ def _check_tp(cfg: DictConfig) -> None:
         check_tensor_parallel(cfg.model.name, tp, f"strategy.tp_size={tp}", "use strategy.tp_size=1")
         check_degree(cfg.model, tp, sequence_parallel=st.sequence_parallel, vocab_parallel=st.vocab_parallel,
                      setting="strategy.tp_size", prefix="model.")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _check_pp(cfg: DictConfig) -> None:
+    """strategy.pp_size, pp_schedule and trainer.microbatches against the model, the batch and each other
+    (the world is checked when the layout is built)."""
+    try:
+        pipeline.check(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

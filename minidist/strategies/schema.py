@@ -42,3 +42,10 @@ class DataParallelStrategy:
     vocab_parallel: bool = False
     """With tp_size > 1: split the token embedding and the tied head by vocabulary rows, the loss computed
     from split logits; tp_size must divide model.vocab_size."""
+    pp_size: int = 1
+    """Pipeline-parallel degree: ranks per "pp" group, each holding consecutive blocks of the GPT (minidist.pp,
+    outermost); must divide the processes / tp_size and model.n_layer / pp_virtual; the engine spans the rest."""
+    pp_schedule: str = "1f1b"
+    """With pp_size > 1: gpipe, 1f1b, interleaved_1f1b (pp_virtual stages per rank) or zb_h1 (minidist.pp.schedule)."""
+    pp_virtual: int = 1
+    """Stages per rank (interleaved_1f1b's v, >= 2 there; 1 for the others): the model is cut into pp_size x v."""

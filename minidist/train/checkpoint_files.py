@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from minidist.mesh import TP, Layout
+from minidist.mesh import PP, TP, Layout
 from minidist.runtime import UsageError
 
 MARKER = "COMPLETE"
@@ -140,6 +140,10 @@ class Contents:
     def tp(self) -> int:
         return dict(zip(self.dims, self.shape)).get(TP, 1)
 
+    @property
+    def pp(self) -> int:
+        return dict(zip(self.dims, self.shape)).get(PP, 1)
+
     def label(self) -> str:
         """What wrote it, as the curves and the log name a layout: "ddp at 2 ranks" (layout_label)."""
         return self.strategy if self.legacy else layout_label(self.strategy, self.dims, self.shape)
@@ -150,11 +154,12 @@ class Contents:
 
 
 def layout_label(strategy: str, dims: tuple[str, ...], shape: tuple[int, ...]) -> str:
-    """"full_shard at 4 ranks (tp 2)": a strategy and its mesh, as a resumed run's log and curves name them."""
-    world, tp = 1, dict(zip(dims, shape)).get(TP, 1)
+    """"full_shard at 4 ranks (tp 2)", "ddp at 8 ranks (pp 2, tp 2)": a strategy and its mesh, as a resumed run's log and curves name them."""
+    world, degree = 1, dict(zip(dims, shape))
     for n in shape:
         world *= n
-    return f"{strategy} at {world} rank{'s' if world > 1 else ''}" + (f" (tp {tp})" if tp > 1 else "")
+    extra = ", ".join(f"{d} {degree[d]}" for d in (PP, TP) if degree.get(d, 1) > 1)
+    return f"{strategy} at {world} rank{'s' if world > 1 else ''}" + (f" ({extra})" if extra else "")
 
 
 def contents(d: Path, manifest: dict) -> Contents:
