@@ -21,7 +21,9 @@ shapes read the same at any pp. Under a sharding engine (the record's contract S
 offers that contract by delegating to each stage's engine (a shard file holds one entry per
 stage); `.module` is itself, as unwrap() expects of an engine.
 
-ZeRO is refused: it folds gradients into flat partitions in the hooks, where the GPT's tied
+zb_h1 is refused with a data-parallel engine: DDP's reducer and FSDP's reduce_scatter (and FSDP's
+freeing of the gathered weights) run when a backward ends, and zb_h1 runs the weight gradients in a
+later, separate backward (minidist.pp.backward). ZeRO is refused too: it folds gradients into flat partitions in the hooks, where the GPT's tied
 head (a copy on the first and on the last stage) cannot be summed with its twin
 (minidist.pp.compose). fp16 loss scaling and trainer.grad_accum > 1 are refused too: the
 pipeline runs its own backwards (trainer.microbatches is its accumulation).
@@ -38,6 +40,7 @@ import torch.nn as nn
 from minidist import pp, strategies
 from minidist.mesh import PP, Layout
 from minidist.precision import MixedPrecisionPolicy
+from minidist.runtime import UsageError
 from minidist.strategies import contract
 
 
@@ -62,6 +65,10 @@ def check(cfg) -> None:
         raise ValueError(f"strategy={st.name} with strategy.pp_size={p}: ZeRO keeps gradients in flat partitions, "
                          f"where the GPT's tied head on the last stage cannot be summed with the embedding on the "
                          f"first; use strategy=ddp, shard_grad_op or full_shard (ZeRO-3's sharding)")
+    if st.pp_schedule == "zb_h1" and record.model_engine is not None:
+        raise ValueError(f"strategy.pp_schedule=zb_h1 with strategy={st.name}: its engine reduces (and FSDP frees "
+                         f"the gathered weights) when a backward ends, and zb_h1 defers the weight gradients past "
+                         f"it; use gpipe, 1f1b or interleaved_1f1b")
     if tc.grad_accum != 1:
         raise ValueError(f"trainer.grad_accum={tc.grad_accum} with strategy.pp_size={p}: the pipeline accumulates "
                          f"over trainer.microbatches; set trainer.grad_accum=1 and "
@@ -101,8 +108,10 @@ class PipelineModel(nn.Module):
         super().__init__()
         for stage in stages:
             for name, child in stage.module.named_children():
-                if isinstance(child, nn.ModuleDict) and isinstance(getattr(self, name, None), nn.ModuleDict):
-                    getattr(self, name).update(child)  # blocks of two stages of one rank (interleaved)
+                if isinstance(child, nn.ModuleDict):  # blocks: a new dict, several stages' under interleaving
+                    if name not in self._modules:
+                        setattr(self, name, nn.ModuleDict())
+                    self._modules[name].update(child)
                 else:
                     setattr(self, name, child)
         self.__dict__["module"] = self  # unwrap(): the engines' .module; not a child (no cycle)
@@ -144,6 +153,10 @@ class PipelineModel(nn.Module):
     def load_sharded_state_dict(self, shards: list[dict[str, Any]],
                                 optimizer: torch.optim.Optimizer | None = None) -> None:
         """Every saved rank's file of this pipeline rank (the checkpoint checked that pp is the same)."""
+        saved, mine = sorted(int(k) for k in shards[0]["stages"]), sorted(s.index for s in self.stages)
+        if saved != mine:
+            raise UsageError(f"the checkpoint's shards hold stages {saved} on this pipeline rank, this run cuts "
+                             f"stages {mine}: resume with the strategy.pp_virtual that wrote it")
         for s in self.stages:
             view = _slice(optimizer, s)
             s.runner.load_sharded_state_dict([sh["stages"][str(s.index)] for sh in shards], optimizer=view)
