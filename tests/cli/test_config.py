@@ -74,6 +74,13 @@ def test_experiments_compose():
      ["strategy.tp_size=4 must divide model.block_size=130", "valid: 1, 2"]),
     ("experiment=resnet_synthetic strategy.tp_size=2", ["strategy.tp_size=2", "model=gpt only"]),
     ("strategy.tp_size=0", ["strategy.tp_size=0 must be >= 1"]),
+    ("strategy.pp_size=2 model.n_layer=4 trainer.batch_size=8 trainer.microbatches=3",
+     ["trainer.microbatches=3 must divide trainer.batch_size=8", "valid: 1, 2, 4, 8"]),
+    ("strategy.pp_size=3 model.n_layer=4", ["strategy.pp_size=3", "must divide model.n_layer=4", "valid pp_size: 1, 2, 4"]),
+    ("strategy=zero2 strategy.pp_size=2", ["strategy=zero2 with strategy.pp_size=2", "use strategy=ddp"]),
+    ("strategy.pp_size=2 strategy.pp_schedule=interleaved_1f1b strategy.pp_virtual=2 model.n_layer=4 "
+     "trainer.microbatches=3 trainer.batch_size=6", ["strategy.pp_schedule=interleaved_1f1b", "multiple of pp=2"]),
+    ("strategy.pp_size=2 model.n_layer=4 strategy.pp_schedule=zb_h1", ["strategy.pp_schedule=zb_h1 with strategy=", "use gpipe, 1f1b"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     with pytest.raises(ConfigError) as info:
@@ -83,3 +90,11 @@ def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     for word in expect:
         assert word in msg, msg
     assert "schema" not in msg.split("valid")[-1], msg  # schema nodes are not offered as choices
+
+
+def test_a_pipeline_degree_that_does_not_divide_the_world_is_one_line():
+    with pytest.raises(ConfigError) as info:
+        compose_config(["strategy.pp_size=3", "model.n_layer=6", "strategy.tp_size=2", "model.n_head=2"], world=(8, 8))
+    msg = str(info.value)
+    assert "\n" not in msg and "strategy.pp_size=3 must divide the 4 ranks (8 processes / strategy.tp_size=2)" in msg, msg
+    assert compose_config(["strategy.pp_size=2", "model.n_layer=6"], world=(4, 4)).strategy.pp_size == 2
