@@ -80,4 +80,4 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     tour = _run([bindir / "minidist-tour", "--numel", "4096"], elsewhere, env)
     assert tour.stdout.startswith("minidist-tour: 2 processes (torchrun --standalone --nproc_per_node=2); NPROC=N"), \
         tour.stdout[:300]
-    assert "rank 1 | all_reduce SUM" in tour.stdout and ", N = 2, S = " in tour.stdout and not tour.stderr, tour.stderr
+    assert "rank 1 | all_reduce SUM" in tour.stdout and "; N = 2, S = " in tour.stdout and not tour.stderr, tour.stderr

@@ -32,7 +32,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from minidist import strategies
 from minidist.recipes import hydra_cli
+from minidist.strategies.single import SINGLE
 
 
 class Job:
@@ -93,7 +95,7 @@ def _one_process(argv: list[str]) -> bool:
     args, _ = hydra_cli.parse(argv)
     if hydra_cli.is_informational(args):
         return True
-    return all(cfg.strategy.name == "single" for cfg in _check_jobs(args, (None, None)))
+    return all(strategies.get(cfg.strategy.name) is SINGLE for cfg in _check_jobs(args, (None, None)))
 
 
 def check_command_line(argv: list[str], world_size: int | None, local_world_size: int | None) -> None:

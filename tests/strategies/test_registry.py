@@ -20,8 +20,8 @@ LADDER = ("single", "ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op",
 FSDP1_NAMES = {"minidist/fsdp/api.py", "minidist/fsdp/footprint.py"}
 """The FSDP engine's own sharding_strategy values, FSDP1's names (issue 24 item 4 replaces them by FSDP2's
 reshard_after_forward): the engine's vocabulary, not the registry's."""
-NOT_STRATEGIES = {"minidist/tutorial/measure.py"}
-"""The build-it track's --part ddp|zero|fsdp: parts of a tutorial, not strategies."""
+NOT_STRATEGIES = {"minidist/tutorial/measure.py", "minidist/tutorial/check/rungs.py", "minidist/tutorial/check/zero.py"}
+"""The build-it track's --part ddp|zero|fsdp and its rungs (zero1: the exercise): parts of a tutorial, not strategies."""
 
 
 def test_the_ladder_and_lookups():
