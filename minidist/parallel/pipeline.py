@@ -104,7 +104,7 @@ def schedule(strategy_cfg, microbatches: int) -> pp.Schedule:
 class PipelineModel(nn.Module):
     """This rank's stages as one module under the whole model's names (module docstring); `pipeline` runs them."""
 
-    def __init__(self, stages: list[pp.Stage], pipeline: pp.Pipeline, layout: Layout):
+    def __init__(self, stages: list[pp.Stage], pipeline: pp.Pipeline):
         super().__init__()
         for stage in stages:
             for name, child in stage.module.named_children():
@@ -117,7 +117,6 @@ class PipelineModel(nn.Module):
         self.__dict__["module"] = self  # unwrap(): the engines' .module; not a child (no cycle)
         self.__dict__["stages"] = list(stages)
         self.__dict__["pipeline"] = pipeline
-        self.__dict__["layout"] = layout
 
     def forward(self, *args: Any) -> Any:
         raise RuntimeError("a PipelineModel runs through its pipeline: model.pipeline.step(x, target=y) for "
@@ -199,5 +198,5 @@ def pipeline_model(model: nn.Module, layout: Layout, strategy_cfg, microbatches:
         stages.append(pp.Stage(module, s, cut.num_stages, runner=runner if engine else None,
                                sync=pp.gradient_sync(runner) if engine else None))
     pipe = pp.Pipeline(stages, sched, layout[PP], cut.loss_fn, ties=cut.ties)
-    return PipelineModel(stages, pipe, layout)
+    return PipelineModel(stages, pipe)
 

@@ -15,6 +15,9 @@ log_interval-th step runs inside minidist.comm.trace(), so the metrics show what
 that step sent. Callbacks (`callbacks=[fn]`, fn(run, step_done)) run after every
 step; one may call `run.request_stop()`, and the run then checkpoints and returns.
 train() does not create or destroy the process group: the recipe (or a test) owns it.
+With strategy.pp_size > 1 the model is this rank's pipeline stages and the step and the
+evaluation go through the pipeline (minidist.train.pipeline_step): trainer.microbatches
+pieces in the schedule's order, the loss broadcast from the last stage.
 """
 
 from __future__ import annotations
