@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from minidist import strategies
 from minidist.cli.config import CONFIG_DIR, RunConfig, groups
 from minidist.cp.plan import check_degree as check_cp_degree
+from minidist.parallel import pipeline
 from minidist.parallel.parallelize import check_context_parallel, check_tensor_parallel, cp_policy, layout_dims
 from minidist.runtime import UsageError, launched_world
 from minidist.tp.plan import check_degree
@@ -153,6 +154,7 @@ def check(cfg: DictConfig, world_size: int | None = None, local_world_size: int 
     _check_trainer(cfg.trainer)
     check_model(cfg.model)
     _check_degrees(cfg)
+    _check_pp(cfg)
     _check_strategy(cfg.strategy, world_size, local_world_size)
 
 
@@ -260,6 +262,15 @@ def _check_degrees(cfg: DictConfig) -> None:
                 rules(cfg, n)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+
+
+def _check_pp(cfg: DictConfig) -> None:
+    """strategy.pp_size, pp_schedule and trainer.microbatches against the model, the batch and each other
+    (the world is checked when the layout is built)."""
+    try:
+        pipeline.check(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def to_yaml(cfg: DictConfig) -> str:

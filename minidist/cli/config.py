@@ -161,6 +161,9 @@ class TrainerConfig:
     """Samples per rank per micro-batch (global batch = batch_size * grad_accum * world)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step (gradients are reduced only on the last one)."""
+    microbatches: int = 1
+    """With strategy.pp_size > 1: pieces each rank's batch is cut into for the pipeline schedule (must divide
+    batch_size; more = a smaller bubble, (p-1)/(m+p-1)); 1 = no micro-batching."""
     precision: Precision = Precision.fp32
     """fp32, bf16 or fp16: the engines' parameter (compute) and gradient-reduction dtype, fp32 masters and
     optimizer state, autocast around the forward; fp16 adds loss scaling (ShardedGradScaler)."""

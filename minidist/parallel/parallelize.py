@@ -59,9 +59,9 @@ import torch
 import torch.nn as nn
 
 from minidist import clip, cp, strategies
-from minidist.mesh import CP, DP_CP, TP, Layout, ParallelDims
+from minidist.mesh import CP, DP_CP, PP, TP, Layout, ParallelDims
 from minidist.models.gpt import GPT
-from minidist.parallel import placement
+from minidist.parallel import pipeline, placement
 from minidist.precision import MixedPrecisionPolicy
 from minidist.runtime import Topology
 from minidist.strategies import contract
@@ -106,12 +106,15 @@ def layout_dims(strategy_cfg, world: int, local_world: int | None = None) -> Par
 
 
 def parallelize(model: nn.Module, layout: Layout, strategy_cfg, block_types: tuple[type, ...],
-                policy: MixedPrecisionPolicy | None = None) -> nn.Module:
-    """Wrap `model` (already on its device) as the strategy says; returns what forward/backward run on."""
+                policy: MixedPrecisionPolicy | None = None, microbatches: int = 1) -> nn.Module:
+    """Wrap `model` (already on its device) as the strategy says; returns what forward/backward run on
+    (with pp > 1: this rank's stages, each under the engine, minidist.parallel.pipeline)."""
     if layout.size(TP) > 1:  # the layers first, then data parallelism over what remains
         model = _apply_tp(model, layout[TP], strategy_cfg)
     if layout.size(CP) > 1:  # then the sequence; the engine below spans dp x cp
         model = _apply_cp(model, layout[CP], strategy_cfg)
+    if layout.size(PP) > 1:  # then the depth: the stages, each wrapped by the engine
+        return pipeline.pipeline_model(model, layout, strategy_cfg, microbatches, block_types, policy)
     return strategies.get(strategy_cfg.name).wrap_model(model, layout, strategy_cfg, block_types, policy)
 
 
@@ -224,4 +227,4 @@ def full_state_dict(model: nn.Module, layout: Layout, strategy: Strategy) -> dic
         state = {k: v.detach().cpu() for k, v in unwrap(model, strategy).state_dict().items()} if first else {}
     if first:
         state = placement.gather_whole(state, placement.splits(unwrap(model, strategy), TP), layout, TP)
-    return state if layout.is_main else {}
+    return placement.gather_stages(state, layout)  # the pipeline's stages joined (as is without one)

@@ -8,15 +8,18 @@ squared norm summed over the dimensions that split it); the one here:
     gather_whole / local_slice      a whole tensor from the slices along "tp" (for a checkpoint
                                     or the final model), and this rank's slice of a whole one,
                                     q | k | v blocks included (minidist.sharding.join / cut)
+    gather_stages                   the whole model from its pipeline stages (split over "pp" by
+                                    whole parameters: each name lives on one stage's ranks)
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import comm
-from minidist.mesh import Layout
+from minidist.mesh import PP, Layout
 from minidist.sharding import Split, cut, join, sharded_over
 
 
@@ -64,3 +67,24 @@ def local_slice(tensors: dict[str, torch.Tensor], split: dict[str, Split], layou
             except ValueError as exc:
                 raise ValueError(f"{name}: {exc} (over {dim}={n})") from None
     return out
+
+
+def gather_stages(parts: dict, layout: Layout) -> dict:
+    """Every stage's `parts` (a state dict, or an optimizer state by name: {"state", "param_groups"}) joined
+    on the main process; {} elsewhere. Called on every rank: the ranks at coordinate 0 on every dimension
+    but "pp" (the first of each stage, where the slices and shards were made whole) gather over "pp"."""
+    if layout.size(PP) == 1:
+        return parts if layout.is_main else {}
+    if any(c for n, c in layout.coordinate.items() if n != PP):
+        return {}
+    everyone = [None] * layout.size(PP) if layout.is_main else None
+    dist.gather_object(parts, everyone, dst=layout.main_rank, group=layout[PP].get_group())
+    return _join(everyone) if layout.is_main else {}
+
+
+def _join(parts: list[dict]) -> dict:
+    if "param_groups" not in parts[0]:
+        return {k: v for p in parts for k, v in p.items()}
+    groups = [dict(g, params=[n for p in parts for n in p["param_groups"][i]["params"]])
+              for i, g in enumerate(parts[0]["param_groups"])]
+    return {"state": {k: v for p in parts for k, v in p["state"].items()}, "param_groups": groups}

@@ -40,12 +40,17 @@ def _names(module: nn.Module) -> dict[int, str]:
 
 
 def optimizer_by_name(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict:
-    """A plain optimizer's state_dict with every parameter position replaced by the parameter's name."""
-    name_of = _names(module)
-    order = [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    """A plain optimizer's state_dict with every parameter position replaced by the parameter's name.
+
+    A tied parameter's state is kept under each of its names (the same tensors: saved once): a
+    pipeline holds the GPT's head and embedding as two copies on two stages, each finding its own."""
+    names: dict[int, list[str]] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
     sd = optimizer.state_dict()
-    return {"state": {order[i]: st for i, st in sd["state"].items()},
-            "param_groups": [dict(g, params=[order[i] for i in g["params"]]) for g in sd["param_groups"]]}
+    return {"state": {n: st for i, st in sd["state"].items() for n in order[i]},
+            "param_groups": [dict(g, params=[order[i][0] for i in g["params"]]) for g in sd["param_groups"]]}
 
 
 def optimizer_from_positions(sd: dict, module: nn.Module) -> dict:
@@ -80,7 +85,7 @@ def whole_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, layou
             flat = placement.gather_whole(tensors, {k: split[name] for k in tensors} if name in split else {},
                                           layout, TP)
             by_name["state"][name] = by_name["state"][name] | flat
-    out["optimizer"] = by_name
+    out["optimizer"] = placement.gather_stages(by_name, layout)  # the pipeline's stages joined on the main process
     return out if layout.is_main else {}
 
 

@@ -17,6 +17,7 @@ Read in this order:
   microbatch.py  the batch in m equal pieces; the loss scaled by 1/m
   backward.py    a backward in two halves, input (BI) and weights (BW), for zero-bubble schedules
   runtime.py     Pipeline: walks one rank's list with batched isend/irecv (minidist.comm.p2p)
+  forward.py     forward only, stage after stage (evaluation)
   compose.py     with data parallelism (one reduction per step per stage), tied weights, clipping
 
 The trade-off in one line: p ranks, m micro-batches, point-to-point bytes 2 m b s h e per
@@ -28,13 +29,14 @@ holds m, interleaving divides the bubble by v, ZB-H1 fills most of it with weigh
 from minidist.pp import cost
 from minidist.pp.check import ScheduleError, check, simulate
 from minidist.pp.compose import clip_grad_norm_, gradient_sync
+from minidist.pp.forward import forward_loss
 from minidist.pp.runtime import Pipeline
 from minidist.pp.schedule import BUILDERS, Action, Kind, Schedule, build, gpipe, interleaved_1f1b, one_f_one_b, \
     stages_of, zb_h1
 from minidist.pp.stage import Cut, GPTStage, Stage, Tie, split_gpt, split_sequential
 
 __all__ = [
-    "cost", "ScheduleError", "check", "simulate", "clip_grad_norm_", "gradient_sync", "Pipeline", "BUILDERS",
+    "cost", "ScheduleError", "check", "simulate", "clip_grad_norm_", "gradient_sync", "forward_loss", "Pipeline", "BUILDERS",
     "Action", "Kind", "Schedule", "build", "gpipe", "interleaved_1f1b", "one_f_one_b", "stages_of", "zb_h1",
     "Cut", "GPTStage", "Stage", "Tie", "split_gpt", "split_sequential",
 ]

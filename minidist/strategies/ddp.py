@@ -54,8 +54,9 @@ def comm_hook(path: str | None) -> Callable | None:
 
 
 def dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
-    """N / (T C) replicas over "dp" (T = strategy.tp_size, C = strategy.cp_size)."""
-    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), cp=cfg.get("cp_size", 1), shard=1, settings=SETTINGS)
+    """N / (T P C) replicas over "dp" (T = strategy.tp_size, P = strategy.pp_size, C = strategy.cp_size)."""
+    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), pp=cfg.get("pp_size", 1), cp=cfg.get("cp_size", 1),
+                              shard=1, settings=SETTINGS)
 
 
 def wrap(model, layout, cfg, blocks, mp_policy):

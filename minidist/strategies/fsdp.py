@@ -132,7 +132,8 @@ def _dims(shard: int, hybrid: bool = False):
     def dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
         if hybrid:
             _one_dimension(cfg)
-        return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), cp=cfg.get("cp_size", 1), shard=shard,
+        return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), pp=cfg.get("pp_size", 1), cp=cfg.get("cp_size", 1),
+                                  shard=shard,
                                   hybrid=hybrid, settings=SETTINGS)
     return dims
 
@@ -159,14 +160,16 @@ NO_SHARD = register(_fsdp("no_shard", "nothing (DDP on FSDP's machinery)", 0, "2
 
 # ------------------------------------------------------------------------ hybrid_shard
 def _shard_group(cfg, world: int, local_world: int | None) -> int:
-    """strategy.shard_size, or the processes per node over tp (the whole world where that is unknown)."""
-    return cfg.shard_size or max(1, (local_world or world) // max(cfg.get("tp_size", 1), 1))
+    """strategy.shard_size, or the processes per node over tp (the whole world where that is unknown), at most
+    the data-parallel ranks (a pipeline's stages share the node)."""
+    return cfg.shard_size or max(1, min((local_world or world) // max(cfg.get("tp_size", 1), 1),
+                                        every_rank(cfg, world, local_world)))
 
 
 def _hybrid_dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
     _one_dimension(cfg)
-    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), shard=_shard_group(cfg, world, local_world),
-                              hybrid=True, settings=SETTINGS)
+    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), pp=cfg.get("pp_size", 1),
+                              shard=_shard_group(cfg, world, local_world), hybrid=True, settings=SETTINGS)
 
 
 def _hybrid_group(cfg, world: int, local_world: int | None) -> int:

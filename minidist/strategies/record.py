@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from minidist.mesh import CP, DP_CP, SHARD, TP
+from minidist.mesh import CP, DP_CP, PP, SHARD, TP
 
-SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size", CP: "strategy.cp_size"}
+SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size", CP: "strategy.cp_size", PP: "strategy.pp_size"}
 """The config keys that set each degree of a strategy's mesh, for one-line errors (ParallelDims.infer)."""
 
 STATES = {0: "(p+g+K) psi", 1: "(p+g) psi + K psi/N", 2: "p psi + (g+K) psi/N", 3: "(p+g+K) psi/N"}
@@ -117,8 +117,8 @@ def plain_optimizer(model, layout, cfg, optim_cls, optim_kwargs, mp_policy):
 
 
 def every_rank(cfg, world: int, local_world: int | None) -> int:
-    """The data-parallel ranks: world / tp (its states, if sharded, are split over all of them)."""
-    return world // max(cfg.get("tp_size", 1), 1)
+    """The data-parallel ranks: world / (tp pp) (its states, if sharded, are split over all of them)."""
+    return world // max(cfg.get("tp_size", 1), 1) // max(cfg.get("pp_size", 1), 1)
 
 
 def no_buckets(model, optimizer) -> list[int]:

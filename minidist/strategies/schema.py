@@ -54,3 +54,10 @@ class DataParallelStrategy:
     cp_rotate: str = "ring"
     """With cp_size > 1: how keys and values reach every rank: ring (point-to-point, one block in flight) or
     all_gather (the whole sequence's keys and values at once: fewer bytes, more memory)."""
+    pp_size: int = 1
+    """Pipeline-parallel degree: ranks per "pp" group, each holding consecutive blocks of the GPT (minidist.pp,
+    outermost); must divide the processes / tp_size and model.n_layer / pp_virtual; the engine spans the rest."""
+    pp_schedule: str = "1f1b"
+    """With pp_size > 1: gpipe, 1f1b, interleaved_1f1b (pp_virtual stages per rank) or zb_h1 (minidist.pp.schedule)."""
+    pp_virtual: int = 1
+    """Stages per rank (interleaved_1f1b's v, >= 2 there; 1 for the others): the model is cut into pp_size x v."""

@@ -49,7 +49,7 @@ import torch
 import torch.nn as nn
 
 from minidist import comm
-from minidist.mesh import TP, Layout
+from minidist.mesh import PP, TP, Layout
 from minidist.parallel import portable
 from minidist.parallel.parallelize import unwrap
 from minidist.strategies import contract, get, records
@@ -183,10 +183,10 @@ class Checkpointer:
         return state | {"note": note, "written_by": what.label()}
 
     def _shards(self, d: Path, files: dict, what: Contents) -> list[dict]:
-        """Every saved rank's shard file of this rank's tp slice, in coordinate order."""
-        mine = self.layout.coordinate.get(TP, 0)
+        """Every saved rank's shard file of this rank's tp slice and pipeline stages, in coordinate order."""
+        mine = {d: self.layout.coordinate.get(d, 0) for d in (TP, PP)}
         keys = [n[len("shard_"):-len(".pt")] for n in files if n.startswith("shard_")]
-        keys = [k for k in keys if coordinate(k).get(TP, 0) == mine]
+        keys = [k for k in keys if all(coordinate(k).get(d, 0) == c for d, c in mine.items())]
         keys.sort(key=lambda k: tuple(coordinate(k).values()))
         return [load_file(d / f"shard_{k}.pt") for k in keys]
 
@@ -203,6 +203,10 @@ class Checkpointer:
             raise CheckpointRefused(
                 f"checkpoint {d} was written by strategy={what.strategy} at strategy.tp_size={what.tp}, in shards "
                 f"per tensor-parallel slice; resume with strategy.tp_size={what.tp}")
+        if sharded_files and what.pp != self.layout.size(PP):
+            raise CheckpointRefused(
+                f"checkpoint {d} was written by strategy={what.strategy} at strategy.pp_size={what.pp}, in shards "
+                f"per pipeline stage; resume with strategy.pp_size={what.pp} (or from a ddp run's whole model)")
 
     def _load_model_and_optimizer(self, d: Path, files: dict, what: Contents) -> str:
         model, opt = self.model, self.optimizer

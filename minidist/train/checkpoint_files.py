@@ -140,6 +140,10 @@ class Contents:
     def tp(self) -> int:
         return dict(zip(self.dims, self.shape)).get(TP, 1)
 
+    @property
+    def pp(self) -> int:
+        return dict(zip(self.dims, self.shape)).get(PP, 1)
+
     def label(self) -> str:
         """What wrote it, as the curves and the log name a layout: "ddp at 2 ranks" (layout_label)."""
         return self.strategy if self.legacy else layout_label(self.strategy, self.dims, self.shape)

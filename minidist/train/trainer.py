@@ -15,6 +15,9 @@ log_interval-th step runs inside minidist.comm.trace(), so the metrics show what
 that step sent. Callbacks (`callbacks=[fn]`, fn(run, step_done)) run after every
 step; one may call `run.request_stop()`, and the run then checkpoints and returns.
 train() does not create or destroy the process group: the recipe (or a test) owns it.
+With strategy.pp_size > 1 the model is this rank's pipeline stages and the step and the
+evaluation go through the pipeline (minidist.train.pipeline_step): trainer.microbatches
+pieces in the schedule's order, the loss broadcast from the last stage.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from omegaconf import OmegaConf
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from minidist import Topology, comm, strategies
-from minidist.mesh import Layout
+from minidist.mesh import PP, Layout
 from minidist.models.saved import save_model
+from minidist.train import pipeline_step
 from minidist.train.checkpoint import Checkpointer
 from minidist.train.checkpoint_files import layout_label
 from minidist.train.data import BatchStream, build_datasets
@@ -136,7 +140,7 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
     model, blocks = task.build()  # identical init on every rank (same seed)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}  # the whole model's, for checkpoints
     policy = precision_policy(tc, cfg.strategy)  # trainer.precision: the engines' dtypes
-    model = parallelize(model.to(topo.device), layout, cfg.strategy, blocks, policy)
+    model = parallelize(model.to(topo.device), layout, cfg.strategy, blocks, policy, tc.microbatches)
     optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)
     scaler = ShardedGradScaler(topo.device.type) if tc.precision.value == "fp16" else None
     train_ds, val_ds, info = build_datasets(cfg, topo)
@@ -190,6 +194,8 @@ def train_step(run: Run, step: int) -> StepStats:
     for group in opt.param_groups:
         group["lr"] = lr
     traced = (step + 1) % tc.log_interval == 0
+    if run.layout.size(PP) > 1:  # the pipeline runs its own micro-batches and backwards
+        return StepStats(step + 1, *pipeline_step.train_step(run, lr, traced))
     t0 = time.perf_counter()
     items = 0
     run.preemption.start_step()  # outside the trace: the vote is not the step's communication
@@ -253,7 +259,8 @@ def evaluate(run: Run, max_batches: int | None) -> dict[str, float]:
     sums = None
     for batch in run.val_stream.one_pass(max_batches):
         with run.autocast():
-            s = run.task.eval_sums(run.model, run.local_batch([b.to(run.topo.device) for b in batch]))
+            s = pipeline_step.eval_sums(run, batch) if run.layout.size(PP) > 1 else \
+                run.task.eval_sums(run.model, run.local_batch([b.to(run.topo.device) for b in batch]))
         sums = s if sums is None else sums + s
     run.model.train()
     return run.task.report(run.layout.all_reduce(sums).cpu())

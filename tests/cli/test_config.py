@@ -82,6 +82,13 @@ def test_experiments_compose():
     ("experiment=resnet_synthetic strategy.cp_size=2", ["strategy.cp_size=2", "model=gpt only"]),
     ("strategy=hybrid_shard strategy.cp_size=2", ["strategy=hybrid_shard", "shard_grad_op or full_shard"]),
     ("strategy.cp_size=2", ["strategy.cp_size=2 must divide the 1 process of the job; valid: 1"]),
+    ("strategy.pp_size=2 model.n_layer=4 trainer.batch_size=8 trainer.microbatches=3",
+     ["trainer.microbatches=3 must divide trainer.batch_size=8", "valid: 1, 2, 4, 8"]),
+    ("strategy.pp_size=3 model.n_layer=4", ["strategy.pp_size=3", "must divide model.n_layer=4", "valid pp_size: 1, 2, 4"]),
+    ("strategy=zero2 strategy.pp_size=2", ["strategy=zero2 with strategy.pp_size=2", "use strategy=ddp"]),
+    ("strategy.pp_size=2 strategy.pp_schedule=interleaved_1f1b strategy.pp_virtual=2 model.n_layer=4 "
+     "trainer.microbatches=3 trainer.batch_size=6", ["strategy.pp_schedule=interleaved_1f1b", "multiple of pp=2"]),
+    ("strategy.pp_size=2 model.n_layer=4 strategy.pp_schedule=zb_h1", ["strategy.pp_schedule=zb_h1 with strategy=", "use gpipe, 1f1b"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     with pytest.raises(ConfigError) as info:
@@ -103,3 +110,9 @@ def test_cp_degree_that_does_not_divide_the_world_is_one_line(monkeypatch):
                                "valid: 1, 2"), info.value
     assert compose_config(["strategy=full_shard", "strategy.tp_size=2", "strategy.cp_size=2",
                            "model.n_head=4"]).strategy.cp_size == 2
+def test_a_pipeline_degree_that_does_not_divide_the_world_is_one_line():
+    with pytest.raises(ConfigError) as info:
+        compose_config(["strategy.pp_size=3", "model.n_layer=6", "strategy.tp_size=2", "model.n_head=2"], world=(8, 8))
+    msg = str(info.value)
+    assert "\n" not in msg and "strategy.pp_size=3 must divide the 4 ranks (8 processes / strategy.tp_size=2)" in msg, msg
+    assert compose_config(["strategy.pp_size=2", "model.n_layer=6"], world=(4, 4)).strategy.pp_size == 2

@@ -124,10 +124,13 @@ def test_it_compares_estimates_and_projects(run_dist, tmp_path, registered, caps
     proj = {(r["model"], r["cluster"], r["strategy"], r["ranks"]): r for r in result["projection"]}
     big = [k for k in proj if k[2] == NAME and proj[k]["memory_GB"] is not None]
     assert big, "no projection row"
+    faster = []
     for model, cluster, _, n in big:  # the same states as DDP's, half its bytes on the wire
         theirs = proj[model, cluster, "ddp", n]
         assert proj[model, cluster, NAME, n]["memory_GB"] == theirs["memory_GB"]
-        assert proj[model, cluster, NAME, n]["comm_s"] < theirs["comm_s"]
+        assert proj[model, cluster, NAME, n]["comm_s"] <= theirs["comm_s"]
+        faster.append(proj[model, cluster, NAME, n]["comm_s"] < theirs["comm_s"])
+    assert any(faster)  # where bandwidth bounds the calls (NCCL's model: latency-bound ones cost the same)
 
     small = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8", "trainer.batch_size=2",
              "estimate.worlds=[1,2]", f"strategies=[ddp,{NAME}]"]

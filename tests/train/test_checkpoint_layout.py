@@ -124,7 +124,7 @@ def _as_written_before_the_layout_record(d: Path, cfg) -> None:
                                                                  if k != "name"})).named_parameters()]
         if "optimizer" in whole:
             by_name = whole["optimizer"]
-            whole["optimizer"] = {"state": {order.index(n): st for n, st in by_name["state"].items()},
+            whole["optimizer"] = {"state": {order.index(n): st for n, st in by_name["state"].items() if n in order},
                                   "param_groups": [dict(g, params=[order.index(n) for n in g["params"]])
                                                    for g in by_name["param_groups"]]}
         torch.save(whole, d / "model.pt")
