@@ -124,13 +124,12 @@ def test_it_compares_estimates_and_projects(run_dist, tmp_path, registered, caps
     proj = {(r["model"], r["cluster"], r["strategy"], r["ranks"]): r for r in result["projection"]}
     big = [k for k in proj if k[2] == NAME and proj[k]["memory_GB"] is not None]
     assert big, "no projection row"
-    faster = []
-    for model, cluster, _, n in big:  # the same states as DDP's, half its bytes on the wire
-        theirs = proj[model, cluster, "ddp", n]
+    for model, cluster, _, n in big:  # the same states as DDP's; at the projection's bf16, DDP's gradients are
+        theirs = proj[model, cluster, "ddp", n]  # bf16 already: the hook sends what DDP sends
         assert proj[model, cluster, NAME, n]["memory_GB"] == theirs["memory_GB"]
-        assert proj[model, cluster, NAME, n]["comm_s"] <= theirs["comm_s"]
-        faster.append(proj[model, cluster, NAME, n]["comm_s"] < theirs["comm_s"])
-    assert any(faster)  # where bandwidth bounds the calls (NCCL's model: latency-bound ones cost the same)
+        assert proj[model, cluster, NAME, n]["comm_s"] == pytest.approx(theirs["comm_s"])
+    here = [k for k in proj if k[2] == NAME and "this machine" in k[0]]  # the measured fp32 model: half the bytes
+    assert here and all(proj[k]["comm_s"] < proj[k[0], k[1], "ddp", k[3]]["comm_s"] for k in here)
 
     small = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8", "trainer.batch_size=2",
              "estimate.worlds=[1,2]", f"strategies=[ddp,{NAME}]"]
