@@ -49,10 +49,14 @@ from minidist.pp.cost import bubble as pp_bubble
 from minidist.precision import RunPrecision
 from minidist.shape import ModelShape
 from minidist.strategies import Wire
+from minidist.strategies.ddp import DDP_RECORD
+from minidist.strategies.fsdp import FULL_SHARD, HYBRID_SHARD
+from minidist.strategies.zero import ZERO1, ZERO2
 
 GB = 1e9
 DEVICE_GB = {"h100": 80.0, "h200": 141.0, "a100": 80.0}
-STRATEGIES = ("ddp", "zero1", "zero2", "full_shard", "hybrid_shard")
+STRATEGIES = tuple(r.name for r in (DDP_RECORD, ZERO1, ZERO2, FULL_SHARD, HYBRID_SHARD))
+"""The engines a plan tries, one per ZeRO stage and HSDP (their records: minidist.strategies)."""
 ROLES = ("parameters", "gradients", "optimizer", "buffers", "activations")
 
 
@@ -122,7 +126,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     cp: int = 1
-    strategy: str = "ddp"
+    strategy: str = DDP_RECORD.name
     recompute: str = "none"
     micro_batch: int = 1
     """Sequences per micro-batch on each replica."""

@@ -126,16 +126,30 @@ def parallelize_gpt(model: GPT, device_mesh: DeviceMesh, policy: CPPolicy | None
         return (positions(whole, cp, rank, policy.chunking).to(local.device)[local],)
 
     model.wpe.register_forward_pre_hook(global_positions)
-    model.criterion.register_forward_hook(lambda _m, _args, loss: mean_value_over(loss, group))
+    def token_mean(module, args, loss):
+        scored = (args[1] != getattr(module, "ignore_index", -100)).sum()
+        return mean_value_over(loss, group, scored)
+
+    model.criterion.register_forward_hook(token_mean)
     return model
 
 
-def mean_value_over(loss: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """`loss` whose value is its mean over `group` and whose gradient is its own (module docstring)."""
-    mean = loss.detach().clone()
-    comm.all_reduce(mean, group=group)
-    mean.div_(dist.get_world_size(group))
-    return loss + (mean - loss.detach())
+def mean_value_over(loss: torch.Tensor, group: dist.ProcessGroup, scored: torch.Tensor | None = None) -> torch.Tensor:
+    """`loss`, this rank's mean over its `scored` targets, as the mean over every scored target of `group`.
+
+    Its value is sum_r n_r loss_r / sum_r n_r; its gradient is this rank's own scaled by cp n_r / sum_r n_r,
+    so that the data-parallel engine's average over the group (a division by cp) leaves the gradient of the
+    whole mean. With every rank scoring as many targets (no ignored ones) the scale is 1 and the value the
+    plain mean. `scored` None: equal counts."""
+    cp = dist.get_world_size(group)
+    n = torch.ones((), dtype=torch.float64, device=loss.device) if scored is None else \
+        scored.detach().to(loss.device, torch.float64)
+    both = torch.stack([loss.detach().double() * n, n])
+    comm.all_reduce(both, group=group)
+    total = both[1].clamp(min=1)
+    mean = (both[0] / total).to(loss.dtype)
+    weighted = loss * (cp * n / total).to(loss.device, loss.dtype)
+    return weighted + (mean - weighted.detach())
 
 
 def shard_batch(idx: torch.Tensor, targets: torch.Tensor | None, device_mesh: DeviceMesh,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from minidist.mesh import DATA_PARALLEL_DIMS, TP, Layout
+from minidist.mesh import DATA_PARALLEL_DIMS, PP, TP, Layout
 from minidist.runtime import UsageError
 
 MARKER = "COMPLETE"
