@@ -29,7 +29,7 @@ sequences of s tokens a cp group shares (block = b (s/C) h e, k and v stacked in
 
     +cpC (ring)          per layer C-1 sends of (k, v) forward, 2 (C-1) backward     6 L b s h e (C-1)/C
     +cpC (all_gather)    per layer one all_gather of (k, v), one reduce_scatter      4 L b s h e (C-1)/C
-                         plus the loss's scalar all_reduce over cp, and the strategy's calls over N
+                         plus the loss's all_reduce over cp (sum and count), and the strategy's calls over N
 
 TP's calls sit between the layers that need their result: nothing overlaps them (phase
 "critical"). With clipping, one scalar all_reduce per set of mesh dimensions that split some
@@ -136,6 +136,7 @@ class ContextParallel:
     def calls(self) -> list[Call]:
         """Every message of one step per rank, as minidist.comm.trace records them (k and v in one message;
         a receive sends nothing); nothing hides them: the layer's attention waits for the last block."""
+        from minidist.cp import cost
         c, kv = self.size, 2 * self.block
         if self.rotate == "ring":  # forward C-1 hops of (k, v); backward the same tour plus (dk, dv) home
             hop = [Call("send", kv, c, phase="critical"), Call("recv", kv, c, phase="critical")]
@@ -143,7 +144,7 @@ class ContextParallel:
         else:
             per_layer = [Call("all_gather", c * kv, c, phase="critical"),
                          Call("reduce_scatter", c * kv, c, phase="critical")]
-        return per_layer * self.n_layer + [Call("all_reduce", 4, c, phase="forward")]  # the loss's mean over cp
+        return per_layer * self.n_layer + [Call("all_reduce", cost.LOSS_BYTES, c, phase="forward")]  # the loss's mean
 
 
 def _tensor_parallel(record: Strategy, shape: ModelShape, wire: Wire, world: int, tp: TensorParallel,

@@ -43,13 +43,18 @@ def layer_bytes(batch: int, seq: int, width: int, cp: int, rotate: Rotate = Rota
     return fwd * (cp - 1) * block, bwd * (cp - 1) * block
 
 
+LOSS_BYTES = 16
+"""The loss's one all_reduce over cp per step: two float64s, the scored targets' loss sum and their count
+(minidist.cp.plan.mean_value_over: a mean over every scored target of the group, not a mean of means)."""
+
+
 def step_bytes(cfg, batch: int, seq: int, cp: int, rotate: Rotate = Rotate.RING, element_size: int = 4,
                tp: int = 1) -> float:
     """Bytes each rank sends for context parallelism in one forward + backward of the GPT (the loss's all_reduce
     included; not the gradient reduction over cp, which is the data-parallel engine's). Heads split over `tp`
     ranks leave each rank 1/tp of the width."""
     fwd, bwd = layer_bytes(batch, seq, cfg.n_embd // tp, cp, rotate, element_size)
-    return cfg.n_layer * (fwd + bwd) + 2 * 4 * (cp - 1) / cp
+    return cfg.n_layer * (fwd + bwd) + 2 * LOSS_BYTES * (cp - 1) / cp
 
 
 def crossing_tokens(psi: int, n_layer: int, width: int) -> float:
