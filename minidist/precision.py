@@ -84,6 +84,16 @@ PEAK_FLOPS = {
 }
 
 
+def loss_scaler(precision: str, device_type: str):
+    """fp16's loss scaler, else None: torch's ShardedGradScaler, whose inf check is all_reduced so that every
+    rank skips a step together (a rank that skipped alone would leave the replicas apart). Imported here,
+    when a run asks for fp16: its module imports torch's FSDP (~0.9 s of CPU in every process)."""
+    if precision != "fp16":
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    return ShardedGradScaler(device_type)
+
+
 @dataclass(frozen=True)
 class RunPrecision:
     """A run's precision, the one bytes, memory and compute are all priced at (trainer.precision's names).

@@ -40,9 +40,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from minidist import Topology, comm, strategies
+from minidist.precision import loss_scaler
 from minidist.compare import replay
 from minidist.compare.allocator import AllocatorPeak
 from minidist.compare.memory import MemoryLedger, roles_of
@@ -113,7 +113,7 @@ class Bench:
         self.batch = cfg.trainer.batch_size * self.tp_size * self.layout.size(CP)  # the same global batch every row
         stream = BatchStream(train_ds, self.batch, self.layout.dp_rank, self.layout.dp_size, cfg.trainer.seed)
         fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
-        scaler = ShardedGradScaler(topo.device.type) if fp16 else None
+        scaler = loss_scaler("fp16" if fp16 else "fp32", topo.device.type)
         record = SINGLE if plain else strategies.get(strategy_cfg.name)  # plain: no wrapper, a torch optimizer
         self.run = Run(self.cfg, topo, self.layout, None, None, self.task, self.model, self.optimizer, record, stream,
                        None, None, None, {}, PreemptionWatch([], topo.device), scaler)

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import Shard
 
 from minidist.fsdp.shard_spec import CPUOffloadPolicy, MeshInfo, ShardSpec, placements_for
 from minidist.sharding import Split, declare, sharded_over
@@ -96,7 +95,7 @@ class FSDPParam:
         # what the original declared (a tensor-parallel slice: minidist.sharding) stays true of both;
         # the sharded one is also split by rows over FSDP's shard dimension
         declare(self.unsharded, sharded_over(info.param))
-        rows = {d: Split(0) for d, place in zip(spec.mesh_dims, spec.placements) if isinstance(place, Shard)}
+        rows = {d: Split(0) for d, place in zip(spec.mesh_dims, spec.placements) if place.is_shard()}
         declare(self.sharded, sharded_over(info.param) | rows)
 
     def __repr__(self) -> str:

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+
+if TYPE_CHECKING:  # imported where built: torch.distributed.tensor costs ~0.6 s (sympy) per process
+    from torch.distributed.tensor import Replicate, Shard
 
 from minidist.mesh import DP, REPLICATE, SHARD, group_of
 
@@ -157,6 +160,8 @@ class ShardSpec:
 
 def placements_for(mesh: MeshInfo) -> tuple[tuple[str, ...], tuple[Shard | Replicate, ...]]:
     """(mesh dimension names, placements) of every parameter of a model laid out over `mesh`."""
+    from torch.distributed.tensor import Replicate, Shard  # only FSDP pays for DTensor's import
+
     dims, places = [], []
     if mesh.replicate_dim is not None:
         dims.append(mesh.replicate_dim)

@@ -33,9 +33,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 from omegaconf import OmegaConf
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from minidist import Topology, comm, strategies
+from minidist.precision import loss_scaler
 from minidist.mesh import PP, Layout
 from minidist.models.saved import save_model
 from minidist.train import pipeline_step
@@ -142,7 +142,7 @@ def setup(cfg, topo: Topology, layout: Layout, plan: RunPlan, request: RunReques
     policy = precision_policy(tc, cfg.strategy)  # trainer.precision: the engines' dtypes
     model = parallelize(model.to(topo.device), layout, cfg.strategy, blocks, policy, tc.microbatches)
     optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)
-    scaler = ShardedGradScaler(topo.device.type) if tc.precision.value == "fp16" else None
+    scaler = loss_scaler(tc.precision.value, topo.device.type)
     train_ds, val_ds, info = build_datasets(cfg, topo)
     rank, world = layout.dp_rank, layout.dp_size  # ranks that differ only in tp read the same data
     stream = BatchStream(train_ds, tc.batch_size, rank, world, tc.seed)
