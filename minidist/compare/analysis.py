@@ -179,6 +179,12 @@ def tensor_parallel_of(raw: dict, shape: ModelShape, cfg) -> tuple[ModelShape, W
                                                norm_dims=t["norm_dims"])
 
 
+def context_parallel_of(raw: dict, cfg, itemsize: int) -> ContextParallel | None:
+    """A measured context-parallel row's ring (None for any other row): the sequences its cp group shared."""
+    c = raw.get("cp")
+    return c and ContextParallel.of_gpt(cfg.model, c["batch"], cfg.model.block_size, c["size"], c["rotate"], itemsize)
+
+
 def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: StepProfile | None, cfg,
                  strategy_cfg) -> dict:
     """One strategy's measured and predicted numbers (plain JSON; see the module docstring)."""
@@ -187,9 +193,7 @@ def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: Ste
     lay, wire, tp = tensor_parallel_of(r0, shape, cfg)
     record = strategies.get(strategy_cfg.name)
     calls = plan(record, lay, world, wire, group=group, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
-    c = r0.get("cp")
-    cp = c and ContextParallel.of_gpt(cfg.model, c["batch"], cfg.model.block_size, c["size"], c["rotate"],
-                                      shape.itemsize)
+    c, cp = r0.get("cp"), context_parallel_of(r0, cfg, shape.itemsize)
     calls += cp.calls() if cp else []
     counts: dict[str, float] = defaultdict(float)
     for r in r0["records"]:

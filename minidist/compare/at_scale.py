@@ -20,9 +20,10 @@ import torch
 
 from minidist.comm.nccl_graphs import HopperNode
 from minidist.compare import projection
-from minidist.compare.analytic import TensorParallel
-from minidist.compare.config import parse_row
+from minidist.compare.analytic import ContextParallel, TensorParallel
+from minidist.compare.config import cp_degree, parse_row
 from minidist.compare.plan import GPTModel, Hardware, Layout, memory as plan_memory
+from minidist.cp import cost as cp_cost
 from minidist.precision import RunPrecision
 from minidist.shape import ModelShape
 from minidist.strategies import Wire
@@ -39,7 +40,8 @@ def subject(p, names: list[str], options: dict) -> projection.Subject:
                                                                       p.layers) for s in names},
         compute / 3, 2 * compute / 3, lambda s, n, group: _memory(p, options[s], s, n), tuple(p.clusters),
         wires={s: _wire(p, options[s]) for s in names}, options=options,
-        tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1}, bucket_rule=True)
+        tp={s: _wire_tp(p, options[s]) for s in names if parse_row(s)[1] > 1},
+        cp={s: _ring(p, options[s], cp_degree(s)) for s in names if cp_degree(s) > 1}, bucket_rule=True)
 
 
 def gpu_clusters(p) -> list[projection.Cluster]:
@@ -59,6 +61,17 @@ def _wire_tp(p, strategy_cfg) -> TensorParallel:
                                  vocab_parallel=strategy_cfg.vocab_parallel,
                                  itemsize=_bytes(strategy_cfg.get("param_dtype"),
                                                  RunPrecision(p.precision).compute_bytes))
+
+
+def _ring(p, strategy_cfg, c: int) -> ContextParallel:
+    """CP's messages for the projected model: a cp group shares C x tokens_per_rank tokens (C x tokens_per_rank /
+    seq sequences, each rank 1/C of every one), so a rank's (k, v) blocks are b (s/C) h e = tokens_per_rank h e
+    bytes each, in the run's compute dtype."""
+    width = round(math.sqrt(p.params / (12 * p.layers)))
+    e = RunPrecision(p.precision).compute_bytes
+    batch = max(1, c * p.tokens_per_rank // p.seq)
+    return ContextParallel(c, strategy_cfg.get("cp_rotate", "ring"), p.layers,
+                           cp_cost.block_bytes(batch, p.seq, width, c, e))
 
 
 def _bytes(dtype, default: int = 4) -> int:
@@ -83,11 +96,12 @@ def _node(name: str, c) -> HopperNode:
 def _memory(p, strategy_cfg, row: str, n: int) -> float:
     """Peak bytes per rank of the projected GPT (minidist.compare.plan.memory: the record's states at the run's
     precision, its engine's buffers, activations by formula for tokens_per_rank / seq sequences of p.seq; a
-    tensor-parallel row's tp group shares T times as many)."""
-    strategy, t = parse_row(row)
+    tensor-parallel row's tp group shares T times as many, a context-parallel row's cp group C times as many,
+    each rank 1/C of their tokens)."""
+    (strategy, t), c = parse_row(row), cp_degree(row)
     model = GPTModel.of_params(p.params, p.layers)
     batch = max(1, p.tokens_per_rank // p.seq)
-    lay = Layout(n // t, t, strategy=strategy, micro_batch=batch * t,
+    lay = Layout(n // (t * c), t, cp=c, strategy=strategy, micro_batch=batch * t * c,
                  sequence_parallel=bool(strategy_cfg.get("sequence_parallel", False)))
     gpus = next((c.gpus_per_node for c in p.clusters.values()), 8)  # hybrid_shard's group: a node (all alike)
     return plan_memory(model, lay, p.seq, p.precision, Hardware(p.gpu, gpus))["total"]

@@ -35,6 +35,15 @@ Tensor-parallel rows (`<strategy>+tp<T>`): the tp group is T consecutive ranks, 
 node while T <= G (the intra-node link class), and the strategy's groups stride over every node
 (data parallelism across nodes); a rank count T does not divide has no row.
 
+Context-parallel rows (`<strategy>+cp<C>`): the cp group is C consecutive ranks (inside a node while
+C <= G), the strategy spans all N ranks (dp x cp hold the same weights), and the ring's messages
+(minidist.compare.analytic.ContextParallel: per layer 3 (C-1) sends of a rank's (k, v) block of
+b (s/C) h e bytes each, with the tokens a cp group shares) are priced as point-to-point hops: one
+alpha of the link the hop takes plus the block over that link's bandwidth (NCCL's tuning model
+has no send/recv; a ring step waits for its slowest hop, the one that leaves the node once the group
+spans nodes). A receive costs nothing of its own: its bytes are the matching send's. The ring's
+calls are critical (the attention of a layer waits for its last block), as TP's.
+
 Verdict, per strategy: the calls issued in forward can hide behind forward compute, those of
 backward behind backward compute, those after backward (ZeRO's parameter exchange at its default,
 overlap_param_gather off; the clip) behind nothing (nothing overlaps them with the next forward),
@@ -63,7 +72,7 @@ from minidist import strategies
 from minidist.comm import nccl
 from minidist.comm.nccl_graphs import HopperNode
 from minidist.compare import pricing
-from minidist.compare.analytic import TensorParallel, plan
+from minidist.compare.analytic import ContextParallel, TensorParallel, plan
 from minidist.shape import ModelShape
 from minidist.strategies import Call, Wire
 
@@ -114,6 +123,8 @@ class Subject:
     """Per row: its strategy config (the comparison's strategy_options); missing: the record's preset."""
     tp: dict[str, TensorParallel] = field(default_factory=dict)
     """Tensor-parallel rows (`<strategy>+tp<T>`): TP's calls; its dp is set per rank count."""
+    cp: dict[str, ContextParallel] = field(default_factory=dict)
+    """Context-parallel rows (`<strategy>+cp<C>`): the ring's messages per rank and step."""
     bucket_rule: bool = False
     """On a cluster with NCCL's model: DDP's and ZeRO's buckets sized by pricing.bucket_bytes at each rank count
     (equal buckets of the model's size), not the wire's."""
@@ -150,6 +161,8 @@ def call_time(c: Cluster, call: Call, algorithm: str = "auto") -> float:
     k, s = call.group_size, float(call.payload)
     if k <= 1:
         return 0.0
+    if call.op in ("send", "recv"):
+        return _hop_time(c, call)
     if c.node is not None:  # NCCL's choice; "ring" / "tree" restrict it as NCCL_ALGO would (tree: all_reduce only)
         only = {"auto": nccl.ALGORITHMS, "ring": ("ring",), "tree": ("tree",) if call.op == "all_reduce" else ("ring",)}
         return pricing.call_time(c.node, call, only[algorithm])
@@ -169,6 +182,17 @@ def call_time(c: Cluster, call: Call, algorithm: str = "auto") -> float:
     return {"ring": ring, "tree": tree, "auto": min(ring, tree) if nodes > 1 else ring}[algorithm]
 
 
+def _hop_time(c: Cluster, call: Call) -> float:
+    """A point-to-point message of a ring of `call.group_size` ranks: one hop, alpha + S / B of the slowest link
+    the ring takes (the network's share of the NICs once the group spans nodes); a receive adds nothing."""
+    if call.op == "recv":
+        return 0.0
+    nodes, _ = _place(c, call)
+    if nodes == 1:
+        return c.intra_alpha_s + call.payload / c.intra_Bps
+    return c.net_alpha_s + call.payload / (c.nics_per_node * c.nic_Bps / c.gpus_per_node)
+
+
 def step_comm(c: Cluster, calls: list[Call], algorithm: str = "auto") -> dict[str, float]:
     """Seconds of communication per phase of the step (forward, backward, after, critical), back to back."""
     out = {"forward": 0.0, "backward": 0.0, "after": 0.0, "critical": 0.0}
@@ -185,8 +209,9 @@ def project(subjects: list[Subject], clusters: list[Cluster], strategies: list[s
     for subj in subjects:
         for c in (by_name[n] for n in subj.clusters if n in by_name):
             for strategy in strategies:
-                tp = subj.tp.get(strategy)
-                rows += [_row(subj, c, strategy, n, devices_GB) for n in ranks if tp is None or n % tp.size == 0]
+                tp, cp = subj.tp.get(strategy), subj.cp.get(strategy)
+                rows += [_row(subj, c, strategy, n, devices_GB) for n in ranks
+                         if n % ((tp.size if tp else 1) * (cp.size if cp else 1)) == 0]
     return rows
 
 
@@ -202,6 +227,8 @@ def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[floa
         wire = Wire.even_buckets(subj.shapes[strategy].psi, pricing.bucket_bytes(c.node, dp), wire.reduce_bytes(
             subj.shapes[strategy]), wire.gather_itemsize)
     calls = plan(record, subj.shapes[strategy], n, wire, group=group, tp=tp)
+    cp = subj.cp.get(strategy)
+    calls += cp.calls() if cp is not None else []  # C consecutive ranks: the group spans C
     t = step_comm(c, calls)
     latency = sum(call_time(c, dataclasses.replace(x, payload=0)) for x in calls)
     exposed = (max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s) + t["after"]

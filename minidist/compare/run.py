@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from minidist import Topology, comm, strategies
 from minidist.compare import at_scale, plots, projection, report as rep, timeline
-from minidist.compare.analysis import strategy_row, tensor_parallel_of
+from minidist.compare.analysis import context_parallel_of, strategy_row, tensor_parallel_of
 from minidist.compare.analytic import plan, ring_bytes
 from minidist.compare.config import REFERENCE, check_rows_world, parse_row, row_strategy
 from minidist.compare.estimate import estimate_memory
@@ -182,7 +182,9 @@ def _projection(cfg, rows: list[dict], per_strategy, shape: ModelShape, cost: co
         f"{shape.psi / 1e6:.1f}M (this machine)", {s: measured[s][0] for s in names}, phases.get("forward", 0.0),
         phases.get("backward", 0.0), None, ("calibrated",), r0["local_world"],
         {s: measured[s][1] if measured[s][2] else Wire(tuple(reference)) for s in names}, options,
-        {s: tp for s, (_, _, tp) in measured.items() if tp is not None})
+        {s: tp for s, (_, _, tp) in measured.items() if tp is not None},
+        cp={raws[0]["strategy"]: context_parallel_of(raws[0], cfg, shape.itemsize)
+            for raws in per_strategy if raws[0].get("cp")})
     link = ([projection.calibrated(cost.alpha, cost.beta, cost.alpha_err, cost.beta_err, cost.cov, cost.residual)]
             if r0["world"] > 1 else [])  # none at world 1
     clusters = link + at_scale.gpu_clusters(p)

@@ -43,3 +43,34 @@ def test_the_rings_calls_send_what_cp_cost_says(rotate):
         {"all_gather": 3, "reduce_scatter": 3, "all_reduce": 1}
     assert calls_by_op(cp.calls()) == want
     assert closed_form("full_shard", cp=cp).startswith({"ring": "6", "all_gather": "4"}[rotate.value] + "Lbshe")
+
+
+def test_the_projection_prices_the_ring_of_a_cp_row():
+    """At scale a +cp2 row pays the ring as point-to-point hops on the critical path (inside a node: NVLink's
+    alpha + block / bandwidth per send, a receive nothing), runs the engine over all N ranks as its plain row
+    does, and has no row where 2 does not divide N. At the same tokens per rank its memory is its plain row's (each
+    rank holds as many tokens; what cp buys is sequences C times longer), within 0.1%."""
+    from minidist.compare import at_scale, projection
+    from minidist.compare.config import row_strategy
+    from minidist.recipes.compare import compose
+
+    names = ["ddp", "ddp+cp2"]
+    cfg = compose([f"strategies=[{','.join(names)}]", "projection.ranks=[6,8,64]"], estimate=True)
+    p = cfg.projection
+    subject = at_scale.subject(p, names, {s: row_strategy(cfg, s) for s in names})
+    cluster = at_scale.gpu_clusters(p)[0]
+    rows = projection.project([subject], [cluster], names, [6, 8, 64], [80.0, 141.0])
+    by = {(r["strategy"], r["ranks"]): r for r in rows}
+    assert ("ddp+cp2", 6) in by and all(n % 2 == 0 for s, n in by if s == "ddp+cp2")
+    ring = subject.cp["ddp+cp2"]
+    sends = [c for c in ring.calls() if c.op == "send"]
+    assert len(sends) == 3 * p.layers and sends[0].payload == 2 * p.tokens_per_rank * round(
+        (p.params / (12 * p.layers)) ** 0.5) * 2  # (k, v) of the rank's tokens, bf16
+    hop = cluster.intra_alpha_s + sends[0].payload / cluster.intra_Bps
+    for n in (8, 64):
+        cp, plain = by["ddp+cp2", n], by["ddp", n]
+        assert plain["comm_critical_s"] == 0.0
+        assert cp["comm_critical_s"] == pytest.approx(len(sends) * hop, rel=1e-9)  # the loss's all_reduce: forward
+        assert cp["comm_backward_s"] == pytest.approx(plain["comm_backward_s"])  # the engine over all N ranks
+        assert cp["exposed_min_s"] >= cp["comm_critical_s"] > 0
+        assert cp["memory_GB"] == pytest.approx(plain["memory_GB"], rel=1e-3)
