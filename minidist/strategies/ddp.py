@@ -17,7 +17,7 @@ from minidist.ddp import footprint as ddp_footprint
 from minidist.buckets.policy import ReducerPolicy
 from minidist.mesh import ParallelDims
 from minidist.strategies import contract
-from minidist.strategies.record import SETTINGS, Call, Strategy, engine_mesh
+from minidist.strategies.record import DATA_PARALLEL, SETTINGS, Call, Strategy, engine_mesh
 from minidist.strategies.registry import register
 from minidist.strategies.schema import DataParallelStrategy, DType
 
@@ -86,7 +86,7 @@ def reducer_buckets(model, optimizer) -> list[int]:
 
 
 DDP_RECORD = register(Strategy(
-    name="ddp", summary="nothing", engine="minidist.DDP over \"dp\"", schema=DDPStrategy, zero_stage=0,
+    name="ddp", summary="nothing", engine=f"minidist.DDP over {DATA_PARALLEL}", schema=DDPStrategy, zero_stage=0,
     closed_form="2S(N-1)/N", dims=dims, held=held,
     collectives=lambda shape, wire, world, group, grad_clip: bucket_all_reduces(shape, wire, world),
     wrap_model=wrap, model_engine=contract.ModelWrapper, buckets=reducer_buckets, one_rank_calls=("all_reduce",),

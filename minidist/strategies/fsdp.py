@@ -31,7 +31,8 @@ from minidist.fsdp.schedule import DEFAULT_PREFETCH
 from minidist.mesh import DP, REPLICATE, SHARD, ParallelDims
 from minidist.precision import MixedPrecisionPolicy
 from minidist.strategies import contract
-from minidist.strategies.record import SETTINGS, Call, Strategy, clip_call, engine_mesh, every_rank, padded
+from minidist.strategies.record import (DATA_PARALLEL, SETTINGS, Call, Strategy, clip_call, engine_mesh, every_rank,
+                                        padded)
 from minidist.strategies.registry import register
 from minidist.strategies.schema import DataParallelStrategy, DType
 
@@ -142,7 +143,7 @@ def _fsdp(name: str, summary: str, zero_stage: int, closed_form: str, collective
           shard: int, default_rows: tuple[int, ...] = (1,)) -> Strategy:
     """A strategy FSDP runs over every data-parallel rank: sharded over "dp" (shard -1), or replicated
     as FSDP2 replicates, over ("replicate", "shard") with a shard of one rank (shard 1)."""
-    mesh_dims, engine = (DP, '"dp"') if shard == -1 else ((REPLICATE, SHARD), '("replicate", "shard" = 1)')
+    mesh_dims, engine = (DP, DATA_PARALLEL) if shard == -1 else ((REPLICATE, SHARD), '("replicate", "shard" = 1)')
     return Strategy(
         name=name, summary=summary, engine=f"minidist.FSDP(reshard_after_forward={reshard}) over {engine}",
         schema=FSDPStrategy, zero_stage=zero_stage, closed_form=closed_form,

@@ -97,6 +97,10 @@ def clip_call(group: int) -> list[Call]:
     return [Call("all_reduce", 4, group, phase="after")] if group > 1 else []
 
 
+DATA_PARALLEL = '"dp" ("dp_cp" with cp)'
+"""Where a one-dimensional engine runs, in the records' words (engine_mesh)."""
+
+
 def engine_mesh(layout):
     """The 1-D mesh a data-parallel engine spans: "dp", or under context parallelism "dp_cp" (dp x cp
     flattened, torchtitan's dp_shard_cp). cp ranks hold the same weights but saw different tokens, so

@@ -15,7 +15,7 @@ from typing import Optional
 
 from minidist.buckets.policy import ReducerPolicy
 from minidist.strategies import contract, ddp
-from minidist.strategies.record import Call, Strategy, clip_call, engine_mesh, padded
+from minidist.strategies.record import DATA_PARALLEL, Call, Strategy, clip_call, engine_mesh, padded
 from minidist.strategies.registry import register
 from minidist.strategies.schema import DataParallelStrategy, DType
 from minidist.zero import ShardedOptimizer
@@ -69,7 +69,7 @@ def _paper(stage: int, closed_form: str) -> Strategy:
 
     return Strategy(
         name=f"zero{stage}", summary="optimizer state" + (" and gradients" if stage == 2 else ""),
-        engine=f"minidist.ShardedOptimizer(stage={stage}) over \"dp\", no model wrapper", schema=ZeroStrategy,
+        engine=f"minidist.ShardedOptimizer(stage={stage}) over {DATA_PARALLEL}, no model wrapper", schema=ZeroStrategy,
         zero_stage=stage, closed_form=closed_form, dims=ddp.dims, held=held, collectives=collectives,
         build_optimizer=build, optimizer_engine=contract.ShardedOptimizerState, buckets=engine_buckets,
         one_rank_calls=("reduce_scatter", "all_gather"), default_rows=(1,))
@@ -99,7 +99,8 @@ ZERO1 = register(_paper(1, "2S(N-1)/N"))
 ZERO2 = register(_paper(2, "2S(N-1)/N"))
 ZERO1_BROADCAST = register(Strategy(
     name="zero1_broadcast", summary="optimizer state, by whole parameters",
-    engine="minidist.ShardedOptimizer(owner_broadcast=True) over \"dp\", no model wrapper", schema=ZeroStrategy,
+    engine=f"minidist.ShardedOptimizer(owner_broadcast=True) over {DATA_PARALLEL}, no model wrapper",
+    schema=ZeroStrategy,
     zero_stage=1, closed_form="3S(N-1)/N", dims=ddp.dims, held=_held_broadcast, collectives=_broadcast_calls,
     build_optimizer=_build_broadcast, optimizer_engine=contract.ShardedOptimizerState, buckets=engine_buckets,
     one_rank_calls=("all_reduce",), default_rows=(1,)))
