@@ -46,6 +46,7 @@ never from here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from minidist import strategies
@@ -177,8 +178,15 @@ def plan(strategy: str | Strategy, shape: ModelShape, world: int, wire: Wire = W
         return _tensor_parallel(record, shape, wire, world, tp, grad_clip)
     if world <= 1:
         return []
-    group = group or record.state_group(record.preset(), world, None)
+    group = group or _preset_group(record, world)
     return record.collectives(shape, wire, world, group, grad_clip)
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_group(record: Strategy, world: int) -> int:
+    """The record's state group at its preset, processes per node unknown: composing a preset (OmegaConf) costs
+    ~3 ms, and the planner asks this of thousands of layouts."""
+    return record.state_group(record.preset(), world, None)
 
 
 def ring_bytes(calls: list[Call]) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 import types
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields as fields_of, replace
 from functools import lru_cache
 
 from minidist import strategies
@@ -149,7 +149,7 @@ def _engine_of(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, 
     record = strategies.get(lay.strategy)
     world = lay.dp * lay.cp  # cp ranks hold the same weights: their gradients are reduced with dp's
     fields = {"bucket_cap_mb": pricing.bucket_bytes(hw.node(), world) / pricing.MIB} \
-        if "bucket_cap_mb" in record.preset() else {}
+        if any(f.name == "bucket_cap_mb" for f in fields_of(record.schema)) else {}
     cfg = record.preset(**fields)
     group = record.state_group(cfg, world, max(1, hw.gpus_per_node // (lay.tp * lay.cp)))
     shape = model.shape(seq, lay.tp, lay.pp, lay.tp > 1 and lay.sequence_parallel, precision.compute_bytes)
