@@ -3,8 +3,9 @@
     results = run_world(run_checks, ("ddp_naive", "mine.py"), world=2, timeout_s=120)
     results[rank] -> ("ok", value) | ("error", one line) | ("missing", why)
 
-Spawned, not forked (a fresh interpreter per rank, as torchrun gives), joined through a file
-store in a temporary directory. Each rank's process group times out after `collective_s` (a
+Started by a forkserver that imported torch once (a clean interpreter, not a fork of the caller's,
+which may hold threads; each rank a fork of it: one import of torch, ~2 s of CPU, instead of one per
+rank), joined through a file store in a temporary directory. Each rank's process group times out after `collective_s` (a
 collective the other ranks never make raises instead of waiting for ever), and the whole world
 is killed at `timeout_s`: the checker always answers.
 """
@@ -40,7 +41,8 @@ def _rank_main(rank: int, world: int, store: str, collective_s: float, fn: Calla
 def run_world(fn: Callable, args: tuple, world: int, timeout_s: float, collective_s: float = 30.0) -> list[tuple]:
     """fn(*args) on every rank of a fresh gloo world of `world` processes; one outcome per rank."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # inherited by the ranks: Kineto stays quiet
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="minidist-check-") as tmp:
         procs = [ctx.Process(target=_rank_main, args=(r, world, os.path.join(tmp, "store"), collective_s, fn, args,
