@@ -287,6 +287,20 @@ class Reducer:
                 bucket.mark_ready()
         self._finalize_backward(write_grads=False)  # launches them all, in order
 
+    def reduce_accumulated(self) -> None:
+        """Reduce now, outside any backward, the gradients the backwards under no_sync accumulated in p.grad,
+        as a synced backward's end would (every bucket in order; the averages written to p.grad). What a
+        pipeline calls once its schedule is done, when a backward cannot tell that it is the step's last
+        (minidist.pp.compose.deferred): nothing then overlaps the reductions."""
+        if self.state is ReducerState.REDUCING:
+            raise RuntimeError("reduce_accumulated() called while a reducing backward is under way")
+        self.state = ReducerState.REDUCING
+        self._backwards_started += 1
+        for bucket in self.buckets:
+            for i in bucket.param_ids:
+                self._mark_ready(i)
+        self._finalize_backward()
+
     def _globally_used(self) -> list[bool]:
         """One small all_reduce: did any rank give parameter i a gradient since the last sync?"""
         used = torch.tensor(self._used, dtype=torch.int32, device=self.device)

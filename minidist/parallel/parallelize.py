@@ -159,7 +159,11 @@ def build_optimizer(model: nn.Module, layout: Layout, strategy_cfg, optim_cfg,
                     policy: MixedPrecisionPolicy | None = None) -> torch.optim.Optimizer:
     """The optimizer over what the model trains, as the strategy builds it (ZeRO's shards it over "dp")."""
     cls, kwargs = optimizer_class(optim_cfg)
-    return strategies.get(strategy_cfg.name).build_optimizer(model, layout, strategy_cfg, cls, kwargs, policy)
+    record = strategies.get(strategy_cfg.name)
+    optimizer = record.build_optimizer(model, layout, strategy_cfg, cls, kwargs, policy)
+    if layout.size(PP) > 1:  # ZeRO's reduction, at the end of the pipeline's schedule
+        pipeline.attach_optimizer(model, optimizer, record)
+    return optimizer
 
 
 def optimizer_class(optim_cfg) -> tuple[type, dict]:

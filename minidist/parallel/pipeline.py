@@ -3,6 +3,7 @@
     check(cfg)                                                   # one line for a pp config that cannot run
     model = pipeline_model(model, layout, cfg.strategy, m, blocks, policy)   # this rank's stages, one module
     optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)   # the record's, as ever
+    attach_optimizer(model, optimizer, record)   # ZeRO's: the pipeline defers its reduction to the step's end
     loss = model.pipeline.step(x, target=y)                      # minidist.train.pipeline_step
 
 With strategy.pp_size = P > 1 the layout's outermost dimension is "pp" (minidist.mesh). Every
@@ -21,12 +22,15 @@ shapes read the same at any pp. Under a sharding engine (the record's contract S
 offers that contract by delegating to each stage's engine (a shard file holds one entry per
 stage); `.module` is itself, as unwrap() expects of an engine.
 
+ZeRO (zero1, zero2, zero1_broadcast) wraps no stage: its one optimizer over the rank's stages
+reduces the gradients, and it does so once after the schedule (attach_optimizer: every backward
+accumulates, the GPT's tied head is summed with its twin on the local gradients, then
+ShardedOptimizer.reduce_accumulated; minidist.pp.compose.deferred says why).
+
 zb_h1 is refused with a data-parallel engine: DDP's reducer and FSDP's reduce_scatter (and FSDP's
 freeing of the gathered weights) run when a backward ends, and zb_h1 runs the weight gradients in a
-later, separate backward (minidist.pp.backward). ZeRO is refused too: it folds gradients into flat partitions in the hooks, where the GPT's tied
-head (a copy on the first and on the last stage) cannot be summed with its twin
-(minidist.pp.compose). fp16 loss scaling and trainer.grad_accum > 1 are refused too: the
-pipeline runs its own backwards (trainer.microbatches is its accumulation).
+later, separate backward (minidist.pp.backward). fp16 loss scaling and trainer.grad_accum > 1 are
+refused too: the pipeline runs its own backwards (trainer.microbatches is its accumulation).
 """
 
 from __future__ import annotations
@@ -58,16 +62,9 @@ def check(cfg) -> None:
                              f"or accumulate with trainer.grad_accum={m}")
         return
     record = strategies.get(st.name)
-    if st.get("cp_size", 1) > 1:
-        raise ValueError(f"strategy.pp_size={p} with strategy.cp_size={st.cp_size}: a pipeline of context-parallel "
-                         f"stages is not built yet; use one of them")
     if cfg.model.name != "gpt":
         raise ValueError(f"strategy.pp_size={p}: the pipeline cuts model=gpt only, not model={cfg.model.name}; "
                          f"use strategy.pp_size=1")
-    if record.optimizer_engine is contract.ShardedOptimizerState:
-        raise ValueError(f"strategy={st.name} with strategy.pp_size={p}: ZeRO keeps gradients in flat partitions, "
-                         f"where the GPT's tied head on the last stage cannot be summed with the embedding on the "
-                         f"first; use strategy=ddp, shard_grad_op or full_shard (ZeRO-3's sharding)")
     if st.pp_schedule == "zb_h1" and record.model_engine is not None:
         raise ValueError(f"strategy.pp_schedule=zb_h1 with strategy={st.name}: its engine reduces (and FSDP frees "
                          f"the gathered weights) when a backward ends, and zb_h1 defers the weight gradients past "
@@ -203,3 +200,10 @@ def pipeline_model(model: nn.Module, layout: Layout, strategy_cfg, microbatches:
     pipe = pp.Pipeline(stages, sched, layout[PP], cut.loss_fn, ties=cut.ties)
     return PipelineModel(stages, pipe)
 
+
+
+def attach_optimizer(model: PipelineModel, optimizer: torch.optim.Optimizer, record: strategies.Strategy) -> None:
+    """Where the optimizer reduces the gradients (ZeRO: record.optimizer_engine), the pipeline defers that
+    reduction to the end of its schedule (minidist.pp.compose.deferred); with a model engine, nothing to do."""
+    if record.optimizer_engine is contract.ShardedOptimizerState:
+        model.pipeline.defer(pp.deferred(optimizer))

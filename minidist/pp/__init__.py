@@ -18,7 +18,8 @@ Read in this order:
   backward.py    a backward in two halves, input (BI) and weights (BW), for zero-bubble schedules
   runtime.py     Pipeline: walks one rank's list with batched isend/irecv (minidist.comm.p2p)
   forward.py     forward only, stage after stage (evaluation)
-  compose.py     with data parallelism (one reduction per step per stage), tied weights, clipping
+  compose.py     with data parallelism (one reduction per step per stage, or ZeRO's once after the
+                 schedule), tied weights, clipping
 
 The trade-off in one line: p ranks, m micro-batches, point-to-point bytes 2 m b s h e per
 stage boundary per step (the least of any strategy), and a bubble of (p-1)/(m+p-1) of every
@@ -28,7 +29,7 @@ holds m, interleaving divides the bubble by v, ZB-H1 fills most of it with weigh
 
 from minidist.pp import cost
 from minidist.pp.check import ScheduleError, check, simulate
-from minidist.pp.compose import clip_grad_norm_, gradient_sync
+from minidist.pp.compose import Deferred, clip_grad_norm_, deferred, gradient_sync
 from minidist.pp.forward import forward_loss
 from minidist.pp.runtime import Pipeline
 from minidist.pp.schedule import BUILDERS, Action, Kind, Schedule, build, gpipe, interleaved_1f1b, one_f_one_b, \
@@ -36,7 +37,7 @@ from minidist.pp.schedule import BUILDERS, Action, Kind, Schedule, build, gpipe,
 from minidist.pp.stage import Cut, GPTStage, Stage, Tie, split_gpt, split_sequential
 
 __all__ = [
-    "cost", "ScheduleError", "check", "simulate", "clip_grad_norm_", "gradient_sync", "forward_loss", "Pipeline", "BUILDERS",
+    "cost", "ScheduleError", "check", "simulate", "clip_grad_norm_", "gradient_sync", "Deferred", "deferred", "forward_loss", "Pipeline", "BUILDERS",
     "Action", "Kind", "Schedule", "build", "gpipe", "interleaved_1f1b", "one_f_one_b", "stages_of", "zb_h1",
     "Cut", "GPTStage", "Stage", "Tie", "split_gpt", "split_sequential",
 ]

@@ -19,20 +19,30 @@ Shared weights (Cut.ties): the two copies' gradients are exchanged and added by 
 holding them, one send and one receive each (an all_reduce of two ranks), after the engines'
 reductions: p.grad then holds the data-parallel average of both uses on both ranks, which take
 the same optimizer step. Under FSDP the copies are sharded alike (same shape, same group), so
-the shards add row for row. ZeRO keeps the averaged gradients in its flat partitions, where the
-two copies sit at different offsets: a tie under ZeRO is refused (p.grad is None there).
+the shards add row for row.
+
+Deferred reduction (`deferred(engine)`, Pipeline.defer): ZeRO folds each gradient into its flat
+partition in a hook and reduce_scatters it there, where the two copies of a tie sit at
+different offsets on two ranks: they must be summed before the reduction, and a backward
+cannot wait for its twin inside a hook (the twin's rank is still waiting for this rank's
+sends: a deadlock). So every backward of the step accumulates locally (no_sync), the ties are
+summed on the local gradients (the sum of the local sums, then reduced, is the reduced sum),
+and the engine reduces once after the schedule (ShardedOptimizer.reduce_accumulated). The same
+bytes per step; the reduction no longer overlaps the last micro-batch's backward.
 
 Clipping: the stages hold different parameters, declared split over "pp" by whole parameters
 (minidist.pp.stage), so minidist.clip.global_norm sums their squared norms over the
-pipeline as it sums slices over "tp" and shards over "dp". A tied weight's second copy is left
-out of the norm (it holds the same gradient as the first) and scaled with the rest.
+pipeline as it sums slices over "tp" and shards over "dp" (ZeRO's flat shards: over its mesh
+dimension). A tied weight's second copy is left out of the norm (it holds the same gradient as
+the first) and scaled with the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -63,24 +73,48 @@ def gradient_sync(engine: DDP | FSDP | ShardedOptimizer) -> GradSync:
                     f"minidist.ShardedOptimizer (or Stage.sync=None for a stage without one)")
 
 
-def _tied_param(stage: Stage, name: str) -> torch.nn.Parameter:
+@dataclass(frozen=True)
+class Deferred:
+    """An engine's reduction moved after the schedule (module docstring): each backward runs in `sync`,
+    a tie's local gradient is `grad_of(p)`, and `reduce()` reduces the step's sums once."""
+
+    sync: GradSync
+    grad_of: Callable[[torch.nn.Parameter], torch.Tensor]
+    reduce: Callable[[], None]
+
+
+def deferred(engine: ShardedOptimizer) -> Deferred:
+    """ZeRO under a pipeline: every backward local, one reduce_accumulated() after the ties are summed."""
+    if not isinstance(engine, ShardedOptimizer):
+        raise TypeError(f"deferred: no rule for {type(engine).__name__}; pass a minidist.ShardedOptimizer")
+    return Deferred(lambda last: engine.no_sync(), engine.accumulated_grad, engine.reduce_accumulated)
+
+
+def plain_grad(p: torch.nn.Parameter) -> torch.Tensor | None:
+    """A tie's gradient where the engines leave it: p.grad."""
+    return p.grad
+
+
+def _tied_grad(stage: Stage, name: str, grad_of) -> torch.Tensor:
     p = dict(stage.module.named_parameters(remove_duplicate=False)).get(name)
-    if p is None or p.grad is None:
-        raise RuntimeError(f"stage {stage.index}: the tied weight {name} has no gradient after backward to sum with "
-                           f"its copy (under ZeRO the gradients live in the optimizer's partitions: untie the "
-                           f"weights, or use DDP or FSDP)")
-    return p
+    grad = None if p is None else grad_of(p)
+    if grad is None:
+        raise RuntimeError(f"stage {stage.index}: the tied weight {name} has no gradient after backward to sum "
+                           f"with its copy")
+    return grad
 
 
-def sync_ties(ties: Sequence[Tie], stages: dict[int, Stage], schedule: Schedule, group, rank: int) -> None:
-    """Sum each tied weight's two gradients on the two ranks holding them (module docstring)."""
+def sync_ties(ties: Sequence[Tie], stages: dict[int, Stage], schedule: Schedule, group, rank: int,
+              grad_of: Callable[[torch.nn.Parameter], torch.Tensor | None] = plain_grad) -> None:
+    """Sum each tied weight's two gradients (`grad_of` each copy, added to in place) on the two ranks
+    holding them (module docstring)."""
     for tie in ties:
         (s1, n1), (s2, n2) = tie.first, tie.second
         r1, r2 = schedule.rank_of(s1), schedule.rank_of(s2)
         if r1 == r2 or rank not in (r1, r2):
             continue  # one rank holds both uses of one Parameter: autograd summed them
         mine, peer = ((s1, n1), r2) if rank == r1 else ((s2, n2), r1)
-        grad = _tied_param(stages[mine[0]], mine[1]).grad
+        grad = _tied_grad(stages[mine[0]], mine[1], grad_of)
         theirs = torch.empty_like(grad)
         ops = [comm.P2POp(comm.isend, grad.detach().clone(), peer, group), comm.P2POp(comm.irecv, theirs, peer, group)]
         for work in comm.batch_isend_irecv(ops):
@@ -95,19 +129,28 @@ def norm_parameters(stages: dict[int, Stage], ties: Sequence[Tie], schedule: Sch
 
 
 @torch.no_grad()
-def clip_grad_norm_(pipeline, max_norm: float, layout: Layout, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(pipeline, max_norm: float, layout: Layout, norm_type: float = 2.0,
+                    optimizer: ShardedOptimizer | None = None) -> torch.Tensor:
     """Scale every gradient of `pipeline` (a minidist.pp.Pipeline) so the whole model's norm is at most max_norm.
 
     The norm is global_norm over the layout (module docstring); every rank of the world forms
-    the same groups of dimensions, whichever kinds of parameter its own stages hold.
+    the same groups of dimensions, whichever kinds of parameter its own stages hold. `optimizer`:
+    the ShardedOptimizer that holds the averaged gradients (ZeRO: p.grad is None), else p.grad.
     """
-    params = pipeline.parameters()
-    groups = clip.norm_groups((p, p.grad) for p in norm_parameters(pipeline.stages, pipeline.ties, pipeline.schedule))
-    others = [d for d in layout.names if d != PP]
+    counted = {id(p) for p in norm_parameters(pipeline.stages, pipeline.ties, pipeline.schedule)}
+    also: tuple[str, ...] = ()
+    if optimizer is not None:
+        pieces, sharded = optimizer.grad_pieces()
+        also = (optimizer.mesh_dim,) if sharded else ()
+        every = [(p, None) for p in optimizer.parameters_in_order] + pieces  # the same groups on every rank
+    else:
+        every = [(p, p.grad) for p in pipeline.parameters()]
+    groups = clip.norm_groups(((p, g) for p, g in every if id(p) in counted), also)
+    covered = {d for a in also for d in layout.root_dims(a)}
+    others = [d for d in layout.names if d != PP and d not in covered] + list(also)
     for k in range(len(others) + 1):
         for dims in itertools.combinations(others, k):
             groups.setdefault(tuple(sorted({*dims, PP})), [])
     total = clip.global_norm(groups, layout, layout.device, float(norm_type))
-    clip.scale_([p.grad for p in params if p.grad is not None], max_norm, total)
+    clip.scale_([g for _, g in every if g is not None], max_norm, total)
     return total
-

@@ -24,7 +24,8 @@ are sent again after the batch's shape changes, which every rank sees because ev
 given the batch. A gradient needs no header: it has the shape of the output this rank computed.
 
 After the last action: the sends are waited for, weights shared by two stages on different
-ranks get their gradients summed (minidist.pp.compose.sync_ties), and `timeline` holds what
+ranks get their gradients summed (minidist.pp.compose.sync_ties), an engine whose reduction was
+deferred to here reduces (Pipeline.defer: ZeRO's, minidist.pp.compose.deferred), and `timeline` holds what
 this rank did when (compute actions and waits for receives, perf_counter seconds): the picture
 of a schedule is drawn from it, not from the action list.
 
@@ -102,9 +103,19 @@ class Pipeline:
                                if isinstance(a, Action) and a.kind in (Kind.B, Kind.BW)}
         self._shapes: dict[int, tuple[torch.Size, torch.dtype]] = {}
         self._signature: tuple | None = None
+        self._deferred: compose.Deferred | None = None
         self.state = StepState.IDLE
         self.timeline: list[tuple[str, float, float]] = []
         """The last step's (what, start, end): compute labels as Schedule.label, "wait" for receives."""
+
+    def defer(self, reduction: compose.Deferred) -> None:
+        """Reduce the gradients once after the schedule, not in a backward (minidist.pp.compose.deferred):
+        every stage's backwards run in reduction.sync, the ties are summed on the local gradients, then
+        reduction.reduce(). Before the first step, on every rank."""
+        assert self.state is StepState.IDLE and self._signature is None, "defer() before the first step"
+        self._deferred = reduction
+        for stage in self.stages.values():
+            stage.sync = reduction.sync
 
     # ---------------------------------------------------------------------- the step
     def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -126,7 +137,10 @@ class Pipeline:
                     self._communicate(st, item)
             for work in st.sends:
                 work.wait()
-            compose.sync_ties(self.ties, self.stages, self.schedule, self.group, self.rank)
+            grad_of = self._deferred.grad_of if self._deferred else compose.plain_grad
+            compose.sync_ties(self.ties, self.stages, self.schedule, self.group, self.rank, grad_of)
+            if self._deferred:
+                self._deferred.reduce()
         except BaseException:
             self.state = StepState.FAILED
             raise

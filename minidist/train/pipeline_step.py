@@ -20,6 +20,7 @@ import torch
 
 from minidist import comm, pp
 from minidist.mesh import PP, Layout
+from minidist.strategies import contract
 
 
 def from_last_stage(value: torch.Tensor | None, like: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -36,19 +37,22 @@ def train_step(run, lr: float, traced: bool) -> tuple:
     t0 = time.perf_counter()
     run.preemption.start_step()
     with comm.trace() if traced else contextlib.nullcontext() as tr:
-        x, y = (b.to(run.topo.device, non_blocking=True) for b in next(run.stream))
+        batch = [b.to(run.topo.device, non_blocking=True) for b in next(run.stream)]
+        items = run.task.count(batch) * layout.dp_size  # the rows read, before cp cuts out my tokens
+        x, y = run.local_batch(batch)
         with run.autocast():
             loss = pipe.step(x, target=y)
         loss = from_last_stage(loss, torch.zeros((), device=run.topo.device), layout)
-        grad_norm = pp.clip_grad_norm_(pipe, tc.grad_clip, layout) if tc.grad_clip > 0 else None
+        zero = opt if run.strategy.optimizer_engine is contract.ShardedOptimizerState else None
+        grad_norm = pp.clip_grad_norm_(pipe, tc.grad_clip, layout, optimizer=zero) if tc.grad_clip > 0 else None
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return loss, grad_norm, lr, time.perf_counter() - t0, y.numel() * layout.dp_size, tr
+    return loss, grad_norm, lr, time.perf_counter() - t0, items, tr
 
 
 def eval_sums(run, batch) -> torch.Tensor:
     """[summed loss in nats, tokens], as LanguageModeling.eval_sums, the loss from the last stage."""
-    x, y = (b.to(run.topo.device) for b in batch)
+    x, y = run.local_batch([b.to(run.topo.device) for b in batch])
     with run.autocast():
         loss = pp.forward_loss(run.model.pipeline, x, y)
     loss = from_last_stage(loss, torch.zeros((), dtype=torch.float64, device=run.topo.device), run.layout)

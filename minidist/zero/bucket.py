@@ -139,6 +139,12 @@ class ZeroBucket:
             self.grad_flat.zero_()
         self.grad_state = GradState.FILLING
 
+    def accumulated(self, j: int) -> torch.Tensor:
+        """Parameter j's gradient summed on this rank so far (not reduced): a view of its slot in grad_flat."""
+        assert self.grad_state is GradState.FILLING, f"bucket {self.index}: no local gradient while {self.grad_state.name}"
+        off, n = self.shards.offsets[j], self.shards.numels[j]
+        return self.grad_flat[off:off + n].view(self.params[j].shape)
+
     def mark_ready(self, j: int, name: str) -> bool:
         """Parameter j's gradient of this synced backward is in; True when it was the last one."""
         if self.grad_state is not GradState.FILLING:

@@ -111,6 +111,13 @@ class FlatShards:
     def require_backward_grad_sync(self, value: bool) -> None:
         self.reducer.require_backward_grad_sync = value
 
+    def accumulated_grad(self, p: nn.Parameter) -> torch.Tensor:
+        bucket = self._bucket_of[id(p)]
+        return bucket.accumulated(next(j for j, q in enumerate(bucket.params) if q is p))
+
+    def reduce_accumulated(self) -> None:
+        self.reducer.reduce_accumulated()
+
     def before_step(self) -> None:
         self.gather.wait_all()  # the previous step's gathers (overlap): the shards are written again now
 

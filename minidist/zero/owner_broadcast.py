@@ -72,6 +72,13 @@ class OwnerBroadcast:
         self._sync = value
         self.reducer.prepare_for_forward(value)  # every rank toggles it together (the rebuild is a collective)
 
+    def accumulated_grad(self, p: nn.Parameter) -> torch.Tensor:
+        assert p.grad is not None, "no gradient accumulated under no_sync"
+        return p.grad  # under no_sync the reducer leaves p.grad to accumulate, as DDP does
+
+    def reduce_accumulated(self) -> None:
+        self.reducer.reduce_accumulated()
+
     def before_step(self) -> None:
         assert self.reducer.state is not ReducerState.REDUCING, "step() inside a backward"
 

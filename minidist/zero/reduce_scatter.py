@@ -135,6 +135,16 @@ class GradientReducer:
             self.state = BackwardState.IDLE
             self._launcher.reset()
 
+    def reduce_accumulated(self) -> None:
+        """Reduce now, outside any backward, what the backwards under no_sync accumulated, exactly as the
+        next synced backward's end would: every bucket completes (its sum; zeros where nothing came) and
+        launches in order, and this rank's averaged shards land in master.grad. What a pipeline calls once
+        its schedule is done (minidist.pp.compose.deferred): nothing then overlaps the reduce_scatters."""
+        assert self.state is BackwardState.IDLE, f"reduce_accumulated inside a backward ({self.state.value})"
+        self.on_backward_start()
+        self.state = BackwardState.REDUCING
+        self._end_backward()
+
     def abandon(self) -> None:
         """Error path: wait out launched work, drop this step's gradients, so the next step starts clean."""
         for bucket in self.buckets:

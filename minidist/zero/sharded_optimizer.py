@@ -146,6 +146,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         finally:
             self.engine.require_backward_grad_sync = old
 
+    def accumulated_grad(self, p: nn.Parameter) -> torch.Tensor:
+        """p's gradient as backwards under no_sync summed it on this rank, not yet reduced: a tensor of p's
+        shape to add to in place (the flat shards: a view of its bucket's buffer; whole parameters: p.grad)."""
+        return self.engine.accumulated_grad(p)
+
+    def reduce_accumulated(self) -> None:
+        """Reduce now, outside any backward, what the backwards under no_sync accumulated, as the next synced
+        backward would (a collective: every rank of the group calls it). A pipeline does, after its schedule:
+        only then are the two copies of a tied weight summed (minidist.pp.compose.deferred)."""
+        self.engine.reduce_accumulated()
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale the gradients so that the global norm is at most max_norm; return that norm (minidist.clip).
 

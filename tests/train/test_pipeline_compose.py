@@ -1,0 +1,75 @@
+"""The pipeline with the strategies it used to refuse, through the trainer: ZeRO (whose tied head is summed on
+the local gradients before its one reduction per step) and context parallelism (ring attention inside every
+stage). Every run reads the same 8 sequences per step and ends where one process ends after 4 steps of a
+4-block GPT (weights and validation loss; the logged training loss too):
+
+    world  run                                                    checks
+    1      single                                                 the reference
+    4      zero1, dp 2 x pp 2, 1f1b                                the reference; one reduce_scatter per step
+    4      zero2, dp 2 x pp 2, interleaved_1f1b (v 2)             (its bytes = the parameter all_gather's,
+    4      zero1_broadcast, dp 2 x pp 2, gpipe                     not 2 x: not once per micro-batch)
+    4      ddp, pp 2 x cp 2 (dp 1), 1f1b                          the reference (each rank computes on half
+                                                                  of every sequence's tokens: without ring
+                                                                  attention in each stage it would differ)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from minidist import runtime
+from minidist.cli import compose_config
+from minidist.train import train
+from minidist.train.metrics import read_metrics
+
+BASE = ["experiment=gpt_tiny", "model.n_layer=4", "trainer.eval_interval=0", "trainer.eval_batches=2",
+        "trainer.log_interval=2", "data.max_bytes=200000", "data.val_percent=4", "trainer.steps=4",
+        "trainer.ckpt_interval=0", "trainer.sample_bytes=0"]
+GLOBAL_BATCH = 8
+RUNS = {  # name: (strategy, pp, cp, extra)
+    "zero1 dp2 x pp2": ("zero1", 2, 1, ("trainer.microbatches=2",)),
+    "zero2 dp2 x pp2 interleaved": ("zero2", 2, 1, ("strategy.pp_schedule=interleaved_1f1b", "strategy.pp_virtual=2",
+                                                    "trainer.microbatches=2")),
+    "zero1_broadcast dp2 x pp2 gpipe": ("zero1_broadcast", 2, 1, ("strategy.pp_schedule=gpipe",
+                                                                  "trainer.microbatches=2")),
+    "ddp pp2 x cp2": ("ddp", 2, 2, ("trainer.microbatches=2",)),
+}
+
+
+def _run(out: str, name: str, strategy: str, pp: int = 1, cp: int = 1, extra: tuple[str, ...] = ()) -> dict:
+    topo = runtime.init("gloo")
+    batch = GLOBAL_BATCH * pp * cp // topo.world_size  # per data-parallel rank: the same global batch
+    degrees = [f"strategy.{k}_size={n}" for k, n in (("pp", pp), ("cp", cp)) if n > 1]
+    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}",
+                                 f"trainer.batch_size={batch}", *degrees, *extra])
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = train(cfg, topo)
+    if "model_state" not in result:  # not the main process
+        return {}
+    rows = read_metrics(result["run_dir"] + "/metrics.jsonl")
+    traced = [r for r in rows if "train/loss" in r]
+    return {"state": result["model_state"], "val": result["val/loss"], "loss": traced[-1]["train/loss"],
+            "comm": {k: v for k, v in traced[-1].items() if k.startswith("comm/")}}
+
+
+def _one_process(out: str) -> dict:
+    return _run(out, "single", "single")
+
+
+def _at_world_4(out: str) -> dict:
+    return {name: _run(out, name.replace(" ", "-"), strategy, pp, cp, extra)
+            for name, (strategy, pp, cp, extra) in RUNS.items()}
+
+
+def test_zero_and_cp_in_a_pipeline_end_at_one_process(run_dist, tmp_path):
+    ref = run_dist(1, _one_process, str(tmp_path), timeout=180)[0]
+    main = run_dist(4, _at_world_4, str(tmp_path), timeout=400)[0]
+    for name, got in main.items():
+        weights = max((got["state"][k] - v).abs().max().item() for k, v in ref["state"].items())
+        assert weights < 1e-5, (name, weights)
+        assert abs(got["val"] - ref["val"]) < 1e-5 * ref["val"], (name, got["val"], ref["val"])
+        assert abs(got["loss"] - ref["loss"]) < 1e-5 * ref["loss"], (name, got["loss"], ref["loss"])
+    for name in ("zero1 dp2 x pp2", "zero2 dp2 x pp2 interleaved"):
+        comm = main[name]["comm"]  # rank 0: stage 0 (and 2), one reduction per step, not one per micro-batch
+        assert comm["comm/reduce_scatter_bytes"] == comm["comm/all_gather_bytes"] > 0, (name, comm)
