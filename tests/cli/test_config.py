@@ -85,7 +85,8 @@ def test_experiments_compose():
     ("strategy.pp_size=2 model.n_layer=4 trainer.batch_size=8 trainer.microbatches=3",
      ["trainer.microbatches=3 must divide trainer.batch_size=8", "valid: 1, 2, 4, 8"]),
     ("strategy.pp_size=3 model.n_layer=4", ["strategy.pp_size=3", "must divide model.n_layer=4", "valid pp_size: 1, 2, 4"]),
-    ("strategy=zero2 strategy.pp_size=2", ["strategy=zero2 with strategy.pp_size=2", "use strategy=ddp"]),
+    ("strategy=zero2 strategy.pp_size=2 model.n_layer=4 trainer.grad_accum=2",
+     ["trainer.grad_accum=2 with strategy.pp_size=2", "trainer.microbatches=2"]),
     ("strategy.pp_size=2 strategy.pp_schedule=interleaved_1f1b strategy.pp_virtual=2 model.n_layer=4 "
      "trainer.microbatches=3 trainer.batch_size=6", ["strategy.pp_schedule=interleaved_1f1b", "multiple of pp=2"]),
     ("strategy.pp_size=2 model.n_layer=4 strategy.pp_schedule=zb_h1", ["strategy.pp_schedule=zb_h1 with strategy=", "use gpipe, 1f1b"]),
