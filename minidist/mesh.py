@@ -60,6 +60,10 @@ together with the data-parallel ones: over DP_CP."""
 DP_CP = "dp_cp"
 """The data-parallel dimensions and cp flattened into one (torchtitan's dp_cp): what DDP and FSDP span
 under context parallelism. Without cp it is "dp"."""
+SHARD_CP, REPLICATE_CP = "shard_cp", "replicate_cp"
+"""Hybrid sharding's dimensions with the cp ranks joined (FSDP2's 2-D mesh under context parallelism:
+Layout.hybrid_dims). cp ranks hold the same weights, so they join the shard dimension where the engine
+shards (hybrid_shard: torchtitan's dp_shard_cp), the replicate one where it only replicates (no_shard)."""
 TP = "tp"
 """The tensor-parallel dimension: ranks that hold different slices of the same layers and see the same data."""
 DATA_PARALLEL_DIMS = (DP, REPLICATE, SHARD)
@@ -92,10 +96,12 @@ class ParallelDims:
     hybrid: bool = False
     pp: int = 1
     cp: int = 1
+    cp_joins: str = SHARD
+    """Hybrid under cp: the dimension the cp ranks join in the engine's 2-D mesh (SHARD or REPLICATE)."""
 
     @classmethod
     def infer(cls, world_size: int, *, tp: int = 1, shard: int = 1, hybrid: bool = False, pp: int = 1, cp: int = 1,
-              settings: dict[str, str] | None = None) -> ParallelDims:
+              settings: dict[str, str] | None = None, cp_joins: str = SHARD) -> ParallelDims:
         """The degrees for `world_size` ranks; shard=-1: every data-parallel rank shards (FSDP).
 
         A degree that does not fit is one line naming its setting (`settings` maps "tp", "pp" and
@@ -118,7 +124,7 @@ class ParallelDims:
         if shard < 1 or dp % shard:
             ranks = f"{dp} data-parallel ranks ({world_size} processes{by})" if by else _processes(world_size)[4:]
             raise ValueError(f"{name[SHARD]}={shard} must divide the {ranks}; valid: {_divisors(dp)}")
-        return cls(dp // shard, shard, tp, hybrid, pp, cp)
+        return cls(dp // shard, shard, tp, hybrid, pp, cp, cp_joins)
 
     @property
     def dp(self) -> int:
@@ -141,13 +147,31 @@ class ParallelDims:
         return tuple(sizes[n] for n in self.names)
 
     def build(self, device_type: str) -> Layout:
-        """The DeviceMesh (a collective: every rank builds it); for hybrid "dp" flattened, with cp "dp_cp"."""
+        """The DeviceMesh (a collective: every rank builds it); for hybrid "dp" flattened, with cp "dp_cp"
+        (and hybrid's 2-D mesh with cp joined: _hybrid_with_cp)."""
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
         dp = (REPLICATE, SHARD) if self.hybrid else (DP,)
         flat = {DP: mesh[dp]._flatten(DP)} if self.hybrid else {}
         if self.cp > 1:
             flat[DP_CP] = mesh[(*dp, CP)]._flatten(DP_CP)
+            if self.hybrid:
+                flat |= self._hybrid_with_cp(mesh)
         return Layout(mesh, flat)
+
+    def _hybrid_with_cp(self, mesh: DeviceMesh) -> dict:
+        """FSDP2's 2-D mesh with the cp ranks joined to one of its dimensions (cp_joins): (replicate,
+        shard x cp) or (replicate x cp, shard). A mesh of its own over the same ranks (torch warns against
+        slicing a flattened dimension together with another)."""
+        joined = SHARD_CP if self.cp_joins == SHARD else REPLICATE_CP
+        names = [n for n in self.names if n != CP]
+        ranks = mesh.mesh.movedim(self.names.index(CP), self.names.index(self.cp_joins) + 1)  # cp after it
+        at = names.index(self.cp_joins)
+        shape = [self.shape[self.names.index(n)] for n in names]
+        shape[at] *= self.cp
+        names[at] = joined
+        whole = DeviceMesh(mesh.device_type, ranks.reshape(shape), mesh_dim_names=tuple(names))
+        two = (REPLICATE, SHARD_CP) if joined == SHARD_CP else (REPLICATE_CP, SHARD)
+        return {two: whole[two], joined: whole[joined]}
 
 
 # -------------------------------------------------------------------------------- layout
@@ -167,6 +191,7 @@ class Layout:
         self._covers = {DP: tuple(n for n in self.names if n in (REPLICATE, SHARD))} if DP not in self.names else {}
         if CP in self.names:
             self._covers[DP_CP] = tuple(n for n in self.names if n in DATA_PARALLEL_DIMS + (CP,))
+            self._covers |= {SHARD_CP: (SHARD, CP), REPLICATE_CP: (REPLICATE, CP)} if SHARD in self.names else {}
 
     # -- dimensions, by name -------------------------------------------------------------------
     @property
@@ -187,9 +212,22 @@ class Layout:
             return ()
         raise ValueError(f"no mesh dimension {name!r}: this layout has {self.names} (and {DP!r})")
 
+    @property
+    def hybrid_dims(self) -> tuple[str, str]:
+        """The 2-D mesh hybrid sharding spans (FSDP2's (replicate, shard)): under context parallelism the
+        cp ranks joined to one of them (SHARD_CP or REPLICATE_CP, ParallelDims.cp_joins: they hold the same
+        weights, so they shard or replicate with them)."""
+        if CP not in self.names:
+            return REPLICATE, SHARD
+        two = [k for k in self._flat if isinstance(k, tuple)]
+        if len(two) != 1:
+            raise ValueError("a hybrid layout under cp has its 2-D engine mesh built by ParallelDims.build(); "
+                             f"this one has {two or 'none'}")
+        return two[0]
+
     def __getitem__(self, name: str | tuple[str, ...]) -> DeviceMesh:
         """The sub-mesh over `name` (a dimension, "dp", or a tuple of dimensions)."""
-        if isinstance(name, str) and name in self._flat:
+        if name in self._flat:
             return self._flat[name]
         if name == DP_CP and CP not in self.names:  # without context parallelism: the data-parallel ranks
             return self[DP]

@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 if TYPE_CHECKING:  # imported where built: torch.distributed.tensor costs ~0.6 s (sympy) per process
     from torch.distributed.tensor import Replicate, Shard
 
-from minidist.mesh import DP, REPLICATE, SHARD, group_of
+from minidist.mesh import DP, REPLICATE, REPLICATE_CP, SHARD, SHARD_CP, group_of
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,14 @@ def resolve_mesh(mesh: DeviceMesh | None, process_group) -> MeshInfo:
     as FSDP2 expresses it). A larger mesh without REPLICATE: its SHARD (or DP) dimension.
     """
     names = tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
-    if SHARD in names and REPLICATE in names:
-        rep, shard = mesh[REPLICATE].get_group(), mesh[SHARD].get_group()
+    rep_dim = next((d for d in (REPLICATE, REPLICATE_CP) if d in names), None)  # with cp ranks joined:
+    shard_dim = next((d for d in (SHARD, SHARD_CP) if d in names), None)        # minidist.mesh.SHARD_CP
+    if rep_dim and shard_dim:
+        rep, shard = mesh[rep_dim].get_group(), mesh[shard_dim].get_group()
         (shard_world, shard_rank), replicas = _place(shard), _place(rep)
         if shard_world == 1:  # replicated only: nothing is split over SHARD
-            return MeshInfo(None, 1, 0, rep, *replicas, None, REPLICATE)
-        return MeshInfo(shard, shard_world, shard_rank, rep, *replicas, SHARD, REPLICATE)
+            return MeshInfo(None, 1, 0, rep, *replicas, None, rep_dim)
+        return MeshInfo(shard, shard_world, shard_rank, rep, *replicas, shard_dim, rep_dim)
     dim = names[0] if len(names) == 1 else DP
     if mesh is not None and mesh.ndim > 1:
         dim = next((d for d in (SHARD, DP) if d in names), None)

@@ -18,6 +18,11 @@ N the ranks, G hybrid_shard's shard group and R = N / G its replicas:
 
 G is strategy.shard_size, or the processes per node (the gathers stay on the node's fast links):
 the runtime's mesh, the memory estimate and the projection all ask state_group() for it.
+
+Under context parallelism (strategy.cp_size = C) the cp ranks hold the same weights and saw other
+tokens, so FSDP spans them too: full_shard and shard_grad_op over "dp_cp" (N = dp x C), hybrid_shard
+over ("replicate", "shard_cp"), a shard group of G = shard_size x C (torchtitan's dp_shard_cp), and
+no_shard over ("replicate_cp", "shard" = 1), the replicas being dp x C (minidist.mesh.Layout.hybrid_dims).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Optional
 from minidist.fsdp import FSDP, prefetch_ahead
 from minidist.fsdp import footprint as fsdp_footprint
 from minidist.fsdp.schedule import DEFAULT_PREFETCH
-from minidist.mesh import DP, REPLICATE, SHARD, ParallelDims
+from minidist.mesh import REPLICATE, ParallelDims
 from minidist.precision import MixedPrecisionPolicy
 from minidist.strategies import contract
 from minidist.strategies.record import (DATA_PARALLEL, SETTINGS, Call, Strategy, clip_call, engine_mesh, every_rank,
@@ -67,13 +72,20 @@ class HybridShardStrategy(FSDPStrategy):
 
 
 # ------------------------------------------------------------------------- the engine
-def _wrapper(mesh_dims, reshard_after_forward: bool):
-    """wrap_model of an FSDP record: FSDP2's arguments over layout[mesh_dims]."""
+HYBRID = '("replicate", "shard") (("replicate", "shard_cp") with cp)'
+HYBRID_NO_SHARD = '("replicate", "shard" = 1) (("replicate_cp", "shard" = 1) with cp)'
+"""Where the 2-D engines run, in the records' words (minidist.mesh.Layout.hybrid_dims): cp ranks hold the
+same weights, so they join the shard dimension where it shards, the replicate one where it does not."""
+
+
+def _wrapper(hybrid: bool, reshard_after_forward: bool):
+    """wrap_model of an FSDP record: FSDP2's arguments over the engine's mesh: "dp" ("dp_cp" with cp), or
+    the 2-D hybrid mesh (layout.hybrid_dims: ("replicate", "shard"), cp joined to one of them)."""
 
     def wrap(model, layout, cfg, blocks, mp_policy):
         policy = mp_policy or MixedPrecisionPolicy(cfg.param_dtype.torch_dtype if cfg.param_dtype else None,
                                                    cfg.reduce_dtype.torch_dtype if cfg.reduce_dtype else None)
-        mesh = engine_mesh(layout) if mesh_dims == DP else layout[mesh_dims]
+        mesh = layout[layout.hybrid_dims] if hybrid else engine_mesh(layout)
         model = FSDP(model, mesh=mesh, wrap=set(blocks) if cfg.wrap_blocks else None,
                      reshard_after_forward=reshard_after_forward, mp_policy=policy)
         if cfg.prefetch != DEFAULT_PREFETCH:  # else FSDP2's default: the next unit in the recorded order
@@ -120,22 +132,11 @@ def _no_shard_calls(shape, wire, world, group, grad_clip) -> list[Call]:
     return [Call("all_reduce", u * wire.reduce_bytes(shape), world) for u in shape.unit_numels if u]
 
 
-def _one_dimension(cfg) -> None:
-    """Context parallelism shards over dp x cp flattened into one dimension; FSDP's 2-D mesh (hybrid_shard,
-    no_shard) would need (replicate, shard x cp), which minidist does not build: one line."""
-    if cfg.get("cp_size", 1) > 1:
-        raise ValueError(f"strategy.cp_size={cfg.cp_size}: strategy={cfg.name} runs FSDP over (replicate, shard), "
-                         f"and context parallelism needs one data-parallel dimension to share with cp; use "
-                         f"ddp, zero1, zero2, zero1_broadcast, shard_grad_op or full_shard, or strategy.cp_size=1")
-
-
 def _dims(shard: int, hybrid: bool = False):
+    """shard -1: every data-parallel rank shards ("dp"); 1: replicated over the 2-D mesh, cp ranks with the replicas."""
     def dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
-        if hybrid:
-            _one_dimension(cfg)
         return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), pp=cfg.get("pp_size", 1), cp=cfg.get("cp_size", 1),
-                                  shard=shard,
-                                  hybrid=hybrid, settings=SETTINGS)
+                                  shard=shard, hybrid=hybrid, settings=SETTINGS, cp_joins=REPLICATE)
     return dims
 
 
@@ -143,12 +144,12 @@ def _fsdp(name: str, summary: str, zero_stage: int, closed_form: str, collective
           shard: int, default_rows: tuple[int, ...] = (1,)) -> Strategy:
     """A strategy FSDP runs over every data-parallel rank: sharded over "dp" (shard -1), or replicated
     as FSDP2 replicates, over ("replicate", "shard") with a shard of one rank (shard 1)."""
-    mesh_dims, engine = (DP, DATA_PARALLEL) if shard == -1 else ((REPLICATE, SHARD), '("replicate", "shard" = 1)')
+    engine = DATA_PARALLEL if shard == -1 else HYBRID_NO_SHARD
     return Strategy(
         name=name, summary=summary, engine=f"minidist.FSDP(reshard_after_forward={reshard}) over {engine}",
         schema=FSDPStrategy, zero_stage=zero_stage, closed_form=closed_form,
         dims=_dims(shard, hybrid=shard != -1), held=_held, collectives=collectives,
-        wrap_model=_wrapper(mesh_dims, reshard), model_engine=contract.ShardedModel, default_rows=default_rows)
+        wrap_model=_wrapper(shard != -1, reshard), model_engine=contract.ShardedModel, default_rows=default_rows)
 
 
 SHARD_GRAD_OP = register(_fsdp("shard_grad_op", "gradients and optimizer state; parameters between steps", 2,
@@ -161,21 +162,23 @@ NO_SHARD = register(_fsdp("no_shard", "nothing (DDP on FSDP's machinery)", 0, "2
 
 # ------------------------------------------------------------------------ hybrid_shard
 def _shard_group(cfg, world: int, local_world: int | None) -> int:
-    """strategy.shard_size, or the processes per node over tp (the whole world where that is unknown), at most
-    the data-parallel ranks (a pipeline's stages share the node)."""
-    return cfg.shard_size or max(1, min((local_world or world) // max(cfg.get("tp_size", 1), 1),
-                                        every_rank(cfg, world, local_world)))
+    """The "shard" degree: strategy.shard_size, or the processes per node over tp and cp (the whole world
+    where that is unknown), at most the data-parallel ranks (a pipeline's stages share the node)."""
+    cp = max(cfg.get("cp_size", 1), 1)
+    return cfg.shard_size or max(1, min((local_world or world) // max(cfg.get("tp_size", 1), 1) // cp,
+                                        every_rank(cfg, world, local_world) // cp))
 
 
 def _hybrid_dims(cfg, world: int, local_world: int | None = None) -> ParallelDims:
-    _one_dimension(cfg)
-    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), pp=cfg.get("pp_size", 1),
+    return ParallelDims.infer(world, tp=cfg.get("tp_size", 1), pp=cfg.get("pp_size", 1), cp=cfg.get("cp_size", 1),
                               shard=_shard_group(cfg, world, local_world), hybrid=True, settings=SETTINGS)
 
 
 def _hybrid_group(cfg, world: int, local_world: int | None) -> int:
-    """The shard group, no larger than the data-parallel ranks (a tabulated world smaller than a node)."""
-    return min(_shard_group(cfg, world, local_world), every_rank(cfg, world, local_world))
+    """The ranks FSDP shards over: the shard group, times cp (its ranks join it: minidist.mesh.SHARD_CP),
+    no larger than the data-parallel ranks (a tabulated world smaller than a node)."""
+    return min(_shard_group(cfg, world, local_world) * max(cfg.get("cp_size", 1), 1),
+               every_rank(cfg, world, local_world))
 
 
 def check_shard_size(cfg, key: str, worlds: list[int], local_world: int | None = None,
@@ -212,11 +215,11 @@ def _hybrid_note(world: int, group: int) -> str:
 
 HYBRID_SHARD = register(Strategy(
     name="hybrid_shard", summary="full_shard's, inside groups of G ranks; replicated across N / G groups",
-    engine="minidist.FSDP(reshard_after_forward=True) over (\"replicate\", \"shard\")",
+    engine=f"minidist.FSDP(reshard_after_forward=True) over {HYBRID}",
     schema=HybridShardStrategy, zero_stage=3,
     closed_form="(3S-S_root)(G-1)/G + 2(S/G)(R-1)/R", dims=_hybrid_dims,
     held=lambda shape, cfg, world, group, **kw: _held(shape, cfg, world, group, shard_size=group, **kw),
     collectives=_sharded_calls(reshard=True), state_group=_hybrid_group,
-    wrap_model=_wrapper((REPLICATE, SHARD), reshard_after_forward=True),
+    wrap_model=_wrapper(True, reshard_after_forward=True),
     model_engine=contract.ShardedModel, check=check_shard_size, note=_hybrid_note, group_symbol="G",
     default_rows=(1,), tp_rows=False))

@@ -19,7 +19,6 @@ def test_a_bad_cp_row_is_one_line_naming_strategies():
     for argv, world, expect in [
         (["strategies=[ddp+cp2]"], 3, "ddp+cp2 needs a world divisible by its cp degree, and this one has 3"),
         (["strategies=[ddp+cp1]"], 2, "ddp+cp1 not valid"),
-        (["strategies=[hybrid_shard+cp2]"], 2, "strategies: hybrid_shard+cp2: strategy.cp_size=2: strategy=hybrid"),
         (["strategies=[ddp+cp4]", "model.block_size=12"], 4,
          "strategies: ddp+cp4's cp=4 must split model.block_size=12 into 8 chunks (zigzag); valid: 1, 2, 3, 6"),
         (["strategies=[ddp]", "strategy_options.ddp.cp_size=2"], 2, "e.g. strategies=[ddp+cp2]"),

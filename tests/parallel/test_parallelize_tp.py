@@ -85,6 +85,7 @@ def _run(case: str, extra: list[str], topo, degrees: tuple[str, ...] = ("strateg
     whole = full_state_dict(model, layout, strategies.get(strategy))
     return {"mesh": dict(zip(layout.names, layout.mesh.shape)), "losses": losses, "norms": norms,
             "whole": whole, "tp_sliced": sum(TP in getattr(p, "sharded_over", {}) for p in model.parameters()),
+            "split_over": sorted({d for p in model.parameters() for d in getattr(p, "sharded_over", {})}),
             "modules": {type(m).__name__ for m in model.modules()}}
 
 
