@@ -19,6 +19,8 @@ them, and each engine is handed the sub-mesh it works over, by name (minidist.me
     shard_grad_op  "dp" = N shards                  FSDP over "dp"             plain (over the shards)
     no_shard       ("replicate", "shard" = 1)       FSDP over both             plain
     hybrid_shard   ("replicate", "shard")           FSDP over both             plain (over the shards)
+    (pp > 1)       "pp" outermost                   each stage as above        the record's; ZeRO's reduces
+                                                    (minidist.parallel.pipeline)  after the schedule
 
 The FSDP strategies are FSDP2's arguments (FSDP_STRATEGIES): full_shard and hybrid_shard
 reshard after forward, shard_grad_op and no_shard do not; hybrid_shard and no_shard (a shard
@@ -32,12 +34,13 @@ layers by their slices, and the data-parallel engine above wraps *that* model ov
 the slices' shapes, the same on every rank of its group. The two never share a collective:
 TP's all_reduces run inside forward and backward on the tp group, the engine's on dp.
 
-strategy.cp_size = C > 1 adds a "cp" dimension (between data parallelism and tp) to any of them
-but the 2-D ones (hybrid_shard, no_shard): minidist.cp.parallelize_gpt over layout["cp"] (after
-TP) makes each rank compute on 1/C of every sequence's tokens, and the engine spans "dp_cp", the
-data-parallel ranks times C (minidist.strategies.record.engine_mesh): cp ranks hold the same
-weights, so their gradients are averaged with the data-parallel ones in the engine's one
-reduction, and FSDP and ZeRO shard over all of them. The cp ranks of a data shard read the same
+strategy.cp_size = C > 1 adds a "cp" dimension (between data parallelism and tp) to any of them:
+minidist.cp.parallelize_gpt over layout["cp"] (after TP) makes each rank compute on 1/C of every
+sequence's tokens, and the engine spans "dp_cp", the data-parallel ranks times C
+(minidist.strategies.record.engine_mesh): cp ranks hold the same weights, so their gradients are
+averaged with the data-parallel ones in the engine's one reduction, and FSDP and ZeRO shard over
+all of them. The 2-D engines join the cp ranks to one of their dimensions (layout.hybrid_dims):
+hybrid_shard shards over ("replicate", "shard_cp"), no_shard replicates over ("replicate_cp", "shard" = 1). The cp ranks of a data shard read the same
 rows; local_batch cuts out each one's tokens every step, and the model's loss is already the
 mean over every cp rank's tokens (minidist.cp.plan), so the loop logs and evaluates unchanged.
 

@@ -3,13 +3,16 @@
     check(cfg)                                                   # one line for a pp config that cannot run
     model = pipeline_model(model, layout, cfg.strategy, m, blocks, policy)   # this rank's stages, one module
     optimizer = build_optimizer(model, layout, cfg.strategy, cfg.optim, policy)   # the record's, as ever
-    attach_optimizer(model, optimizer, record)   # ZeRO's: the pipeline defers its reduction to the step's end
+    attach_optimizer(model, optimizer, record)   # (build_optimizer does) ZeRO's reduction at the step's end
     loss = model.pipeline.step(x, target=y)                      # minidist.train.pipeline_step
 
 With strategy.pp_size = P > 1 the layout's outermost dimension is "pp" (minidist.mesh). Every
 rank builds the whole GPT alike (same seed), cuts it into P x v stages (minidist.pp.split_gpt)
 and keeps stages_of(its pp coordinate); tensor parallelism, where asked, is applied to the whole
-model first (tp inside each stage). Each kept stage is wrapped by the strategy's own engine over
+model first (tp inside each stage), then context parallelism (each stage's attention is ring
+attention over "cp", its positions the chunks' global ones, the last stage's loss the mean over
+every cp rank's tokens: minidist.cp.plan; the cp ranks of a stage run the same schedule in step,
+and the pipeline step computes on local_batch's tokens). Each kept stage is wrapped by the strategy's own engine over
 the data-parallel ranks, through its record's wrap_model (the record stays the one place that
 knows the engine), and its backwards run in pp.gradient_sync(engine): only a stage's last
 backward of the step reduces, so FSDP's reduce_scatter and DDP's all_reduce run once per step,
