@@ -138,6 +138,13 @@ class DDP(nn.Module):
         """
         self.reducer.arm(requires_gradient_sync)
 
+    def reduce_accumulated(self) -> None:
+        """Reduce now, outside any backward, what the backwards without sync accumulated in p.grad, as a
+        synced backward's end would (every bucket's all_reduce; p.grad ends as the average). A zero-bubble
+        pipeline calls it after its schedule: its weight gradients arrive after the backwards have ended
+        (minidist.pp.compose.deferred), so no backward can be the one that reduces."""
+        self.reducer.reduce_accumulated()
+
     @contextlib.contextmanager
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True) -> Iterator[Join | None]:
         """Uneven inputs (torch's DDP.join): a rank out of batches shadows the others until all are.

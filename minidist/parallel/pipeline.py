@@ -30,10 +30,11 @@ reduces the gradients, and it does so once after the schedule (attach_optimizer:
 accumulates, the GPT's tied head is summed with its twin on the local gradients, then
 ShardedOptimizer.reduce_accumulated; minidist.pp.compose.deferred says why).
 
-zb_h1 is refused with a data-parallel engine: DDP's reducer and FSDP's reduce_scatter (and FSDP's
-freeing of the gathered weights) run when a backward ends, and zb_h1 runs the weight gradients in a
-later, separate backward (minidist.pp.backward). fp16 loss scaling and trainer.grad_accum > 1 are
-refused too: the pipeline runs its own backwards (trainer.microbatches is its accumulation).
+zb_h1 runs the weight gradients in later, separate backwards (minidist.pp.backward), after the
+backward that ends: DDP's reducer then reduces after the schedule too (minidist.pp.compose.deferred),
+and zb_h1 is refused under FSDP, whose reduce_scatter and freeing of the gathered weights run when a
+backward ends. fp16 loss scaling and trainer.grad_accum > 1 are refused too: the pipeline runs its
+own backwards (trainer.microbatches is its accumulation).
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ def check(cfg) -> None:
     if cfg.model.name != "gpt":
         raise ValueError(f"strategy.pp_size={p}: the pipeline cuts model=gpt only, not model={cfg.model.name}; "
                          f"use strategy.pp_size=1")
-    if st.pp_schedule == "zb_h1" and record.model_engine is not None:
-        raise ValueError(f"strategy.pp_schedule=zb_h1 with strategy={st.name}: its engine reduces (and FSDP frees "
-                         f"the gathered weights) when a backward ends, and zb_h1 defers the weight gradients past "
-                         f"it; use gpipe, 1f1b or interleaved_1f1b")
+    if st.pp_schedule == "zb_h1" and record.model_engine is contract.ShardedModel:
+        raise ValueError(f"strategy.pp_schedule=zb_h1 with strategy={st.name}: FSDP reduce_scatters and frees the "
+                         f"gathered weights when a backward ends, and zb_h1 defers the weight gradients past it; "
+                         f"use gpipe, 1f1b or interleaved_1f1b, or strategy=ddp or a ZeRO one")
     if tc.grad_accum != 1:
         raise ValueError(f"trainer.grad_accum={tc.grad_accum} with strategy.pp_size={p}: the pipeline accumulates "
                          f"over trainer.microbatches; set trainer.grad_accum=1 and "
@@ -201,6 +202,8 @@ def pipeline_model(model: nn.Module, layout: Layout, strategy_cfg, microbatches:
         stages.append(pp.Stage(module, s, cut.num_stages, runner=runner if engine else None,
                                sync=pp.gradient_sync(runner) if engine else None))
     pipe = pp.Pipeline(stages, sched, layout[PP], cut.loss_fn, ties=cut.ties)
+    if sched.splits_backward and record.model_engine is contract.ModelWrapper:  # DDP: reduce after the schedule
+        pipe.defer(pp.deferred([s.runner for s in stages]))
     return PipelineModel(stages, pipe)
 
 
@@ -209,4 +212,4 @@ def attach_optimizer(model: PipelineModel, optimizer: torch.optim.Optimizer, rec
     """Where the optimizer reduces the gradients (ZeRO: record.optimizer_engine), the pipeline defers that
     reduction to the end of its schedule (minidist.pp.compose.deferred); with a model engine, nothing to do."""
     if record.optimizer_engine is contract.ShardedOptimizerState:
-        model.pipeline.defer(pp.deferred(optimizer))
+        model.pipeline.defer(pp.deferred([optimizer]))

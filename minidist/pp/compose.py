@@ -21,14 +21,16 @@ reductions: p.grad then holds the data-parallel average of both uses on both ran
 the same optimizer step. Under FSDP the copies are sharded alike (same shape, same group), so
 the shards add row for row.
 
-Deferred reduction (`deferred(engine)`, Pipeline.defer): ZeRO folds each gradient into its flat
+Deferred reduction (`deferred(engines)`, Pipeline.defer): ZeRO folds each gradient into its flat
 partition in a hook and reduce_scatters it there, where the two copies of a tie sit at
 different offsets on two ranks: they must be summed before the reduction, and a backward
 cannot wait for its twin inside a hook (the twin's rank is still waiting for this rank's
 sends: a deadlock). So every backward of the step accumulates locally (no_sync), the ties are
 summed on the local gradients (the sum of the local sums, then reduced, is the reduced sum),
 and the engine reduces once after the schedule (ShardedOptimizer.reduce_accumulated). The same
-bytes per step; the reduction no longer overlaps the last micro-batch's backward.
+bytes per step; the reduction no longer overlaps the last micro-batch's backward. DDP defers too
+under a zero-bubble schedule (zb_h1): its weight gradients come in backwards of their own (BW)
+after the backward that ends, so none of them can tell the reducer it is the step's last.
 
 Clipping: the stages hold different parameters, declared split over "pp" by whole parameters
 (minidist.pp.stage), so minidist.clip.global_norm sums their squared norms over the
@@ -83,11 +85,25 @@ class Deferred:
     reduce: Callable[[], None]
 
 
-def deferred(engine: ShardedOptimizer) -> Deferred:
-    """ZeRO under a pipeline: every backward local, one reduce_accumulated() after the ties are summed."""
-    if not isinstance(engine, ShardedOptimizer):
-        raise TypeError(f"deferred: no rule for {type(engine).__name__}; pass a minidist.ShardedOptimizer")
-    return Deferred(lambda last: engine.no_sync(), engine.accumulated_grad, engine.reduce_accumulated)
+def deferred(engines: Sequence[ShardedOptimizer | DDP]) -> Deferred:
+    """Every backward local, one reduce_accumulated() per engine after the ties are summed: ZeRO's one
+    optimizer over the rank's stages, or each stage's DDP under a zero-bubble schedule (its weight
+    gradients come in later backwards of their own: no backward can know it is the step's last)."""
+    if len(engines) == 1 and isinstance(engines[0], ShardedOptimizer):
+        opt = engines[0]
+        return Deferred(lambda last: opt.no_sync(), opt.accumulated_grad, opt.reduce_accumulated)
+    if engines and all(isinstance(e, DDP) for e in engines):
+        def local(last: bool) -> contextlib.AbstractContextManager[None]:
+            for e in engines:
+                e.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+
+        def reduce() -> None:
+            for e in engines:
+                e.reduce_accumulated()
+        return Deferred(local, plain_grad, reduce)
+    raise TypeError(f"deferred: no rule for {[type(e).__name__ for e in engines]}; pass one minidist.ShardedOptimizer "
+                    f"or the stages' minidist.DDP engines")
 
 
 def plain_grad(p: torch.nn.Parameter) -> torch.Tensor | None:

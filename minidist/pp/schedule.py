@@ -86,6 +86,12 @@ class Schedule:
     def num_stages(self) -> int:
         return self.pp * self.virtual
 
+    @property
+    def splits_backward(self) -> bool:
+        """Whether weight gradients run as actions of their own (BW), after the backward that ends
+        (zero-bubble schedules): an engine that reduces when a backward ends must then wait (compose.deferred)."""
+        return any(a.kind is Kind.BW for acts in self.actions for a in acts)
+
     def rank_of(self, stage: int) -> int:
         return stage % self.pp
 

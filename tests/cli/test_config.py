@@ -89,7 +89,8 @@ def test_experiments_compose():
      ["trainer.grad_accum=2 with strategy.pp_size=2", "trainer.microbatches=2"]),
     ("strategy.pp_size=2 strategy.pp_schedule=interleaved_1f1b strategy.pp_virtual=2 model.n_layer=4 "
      "trainer.microbatches=3 trainer.batch_size=6", ["strategy.pp_schedule=interleaved_1f1b", "multiple of pp=2"]),
-    ("strategy.pp_size=2 model.n_layer=4 strategy.pp_schedule=zb_h1", ["strategy.pp_schedule=zb_h1 with strategy=", "use gpipe, 1f1b"]),
+    ("strategy=full_shard strategy.pp_size=2 model.n_layer=4 strategy.pp_schedule=zb_h1",
+     ["strategy.pp_schedule=zb_h1 with strategy=full_shard", "use gpipe, 1f1b"]),
 ])
 def test_mistakes_are_one_line_naming_key_and_choices(override, expect):
     with pytest.raises(ConfigError) as info:

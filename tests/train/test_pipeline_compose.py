@@ -1,13 +1,16 @@
 """The pipeline with the strategies it used to refuse, through the trainer: ZeRO (whose tied head is summed on
-the local gradients before its one reduction per step) and context parallelism (ring attention inside every
-stage). Every run reads the same 8 sequences per step and ends where one process ends after 4 steps of a
+the local gradients before its one reduction per step), DDP under zb_h1 (whose weight gradients come after
+the backwards end: the reduction waits for the schedule's end) and context parallelism (ring attention
+inside every stage). Every run reads the same 8 sequences per step and ends where one process ends after 4 steps of a
 4-block GPT (weights and validation loss; the logged training loss too):
 
     world  run                                                    checks
     1      single                                                 the reference
     4      zero1, dp 2 x pp 2, 1f1b                                the reference; one reduce_scatter per step
     4      zero2, dp 2 x pp 2, interleaved_1f1b (v 2)             (its bytes = the parameter all_gather's,
-    4      zero1_broadcast, dp 2 x pp 2, gpipe                     not 2 x: not once per micro-batch)
+    4      zero1_broadcast, dp 2 x pp 2, zb_h1                     not 2 x: not once per micro-batch)
+    4      ddp, dp 2 x pp 2, zb_h1, 4 micro-batches               the reference; stage 0's gradients
+                                                                  all_reduced once per step
     4      ddp, pp 2 x cp 2 (dp 1), 1f1b                          the reference (each rank computes on half
                                                                   of every sequence's tokens: without ring
                                                                   attention in each stage it would differ)
@@ -31,8 +34,9 @@ RUNS = {  # name: (strategy, pp, cp, extra)
     "zero1 dp2 x pp2": ("zero1", 2, 1, ("trainer.microbatches=2",)),
     "zero2 dp2 x pp2 interleaved": ("zero2", 2, 1, ("strategy.pp_schedule=interleaved_1f1b", "strategy.pp_virtual=2",
                                                     "trainer.microbatches=2")),
-    "zero1_broadcast dp2 x pp2 gpipe": ("zero1_broadcast", 2, 1, ("strategy.pp_schedule=gpipe",
+    "zero1_broadcast dp2 x pp2 zb_h1": ("zero1_broadcast", 2, 1, ("strategy.pp_schedule=zb_h1",
                                                                   "trainer.microbatches=2")),
+    "ddp dp2 x pp2 zb_h1": ("ddp", 2, 1, ("strategy.pp_schedule=zb_h1", "trainer.microbatches=4")),
     "ddp pp2 x cp2": ("ddp", 2, 2, ("trainer.microbatches=2",)),
 }
 
@@ -73,3 +77,7 @@ def test_zero_and_cp_in_a_pipeline_end_at_one_process(run_dist, tmp_path):
     for name in ("zero1 dp2 x pp2", "zero2 dp2 x pp2 interleaved"):
         comm = main[name]["comm"]  # rank 0: stage 0 (and 2), one reduction per step, not one per micro-batch
         assert comm["comm/reduce_scatter_bytes"] == comm["comm/all_gather_bytes"] > 0, (name, comm)
+    zb = main["ddp dp2 x pp2 zb_h1"]  # rank 0 all_reduces stage 0's gradients once (+ the clip's scalars),
+    stage0 = sum(4 * v.numel() for k, v in zb["state"].items()  # not once per BW (4 micro-batches)
+                 if k.split(".")[0] in ("wte", "wpe") or k.startswith(("blocks.0.", "blocks.1.")))
+    assert stage0 <= zb["comm"]["comm/all_reduce_bytes"] < 1.1 * stage0, (stage0, zb["comm"])
