@@ -1,8 +1,8 @@
 """The pipeline with the strategies it used to refuse, through the trainer: ZeRO (whose tied head is summed on
 the local gradients before its one reduction per step), DDP under zb_h1 (whose weight gradients come after
 the backwards end: the reduction waits for the schedule's end) and context parallelism (ring attention
-inside every stage). Every run reads the same 8 sequences per step and ends where one process ends after 4 steps of a
-4-block GPT (weights and validation loss; the logged training loss too):
+inside every stage). Every run reads the same 8 sequences per step and ends where one process ends after
+4 steps of a 4-block GPT (weights and validation loss; the logged training loss too):
 
     world  run                                                    checks
     1      single                                                 the reference
@@ -11,6 +11,7 @@ inside every stage). Every run reads the same 8 sequences per step and ends wher
     4      zero1_broadcast, dp 2 x pp 2, zb_h1                     not 2 x: not once per micro-batch)
     4      ddp, dp 2 x pp 2, zb_h1, 4 micro-batches               the reference; stage 0's gradients
                                                                   all_reduced once per step
+    4      zero2 as above, resumed from its step-2 checkpoint      the reference (ZeRO's shards per stage)
     4      ddp, pp 2 x cp 2 (dp 1), 1f1b                          the reference (each rank computes on half
                                                                   of every sequence's tokens: without ring
                                                                   attention in each stage it would differ)
@@ -30,14 +31,16 @@ BASE = ["experiment=gpt_tiny", "model.n_layer=4", "trainer.eval_interval=0", "tr
         "trainer.log_interval=2", "data.max_bytes=200000", "data.val_percent=4", "trainer.steps=4",
         "trainer.ckpt_interval=0", "trainer.sample_bytes=0"]
 GLOBAL_BATCH = 8
+INTERLEAVED = ("strategy.pp_schedule=interleaved_1f1b", "strategy.pp_virtual=2", "trainer.microbatches=2")
 RUNS = {  # name: (strategy, pp, cp, extra)
     "zero1 dp2 x pp2": ("zero1", 2, 1, ("trainer.microbatches=2",)),
-    "zero2 dp2 x pp2 interleaved": ("zero2", 2, 1, ("strategy.pp_schedule=interleaved_1f1b", "strategy.pp_virtual=2",
-                                                    "trainer.microbatches=2")),
+    "zero2 dp2 x pp2 interleaved": ("zero2", 2, 1, INTERLEAVED + ("trainer.ckpt_interval=2",)),
     "zero1_broadcast dp2 x pp2 zb_h1": ("zero1_broadcast", 2, 1, ("strategy.pp_schedule=zb_h1",
                                                                   "trainer.microbatches=2")),
     "ddp dp2 x pp2 zb_h1": ("ddp", 2, 1, ("strategy.pp_schedule=zb_h1", "trainer.microbatches=4")),
     "ddp pp2 x cp2": ("ddp", 2, 2, ("trainer.microbatches=2",)),
+    "zero2 resumed at step 2": ("zero2", 2, 1, INTERLEAVED + (
+        "resume={out}/zero2-dp2-x-pp2-interleaved/checkpoints/step_0000002",)),
 }
 
 
@@ -47,14 +50,15 @@ def _run(out: str, name: str, strategy: str, pp: int = 1, cp: int = 1, extra: tu
     degrees = [f"strategy.{k}_size={n}" for k, n in (("pp", pp), ("cp", cp)) if n > 1]
     cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}",
                                  f"trainer.batch_size={batch}", *degrees, *extra])
-    with contextlib.redirect_stdout(io.StringIO()):
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
         result = train(cfg, topo)
     if "model_state" not in result:  # not the main process
         return {}
     rows = read_metrics(result["run_dir"] + "/metrics.jsonl")
     traced = [r for r in rows if "train/loss" in r]
     return {"state": result["model_state"], "val": result["val/loss"], "loss": traced[-1]["train/loss"],
-            "comm": {k: v for k, v in traced[-1].items() if k.startswith("comm/")}}
+            "comm": {k: v for k, v in traced[-1].items() if k.startswith("comm/")}, "log": log.getvalue()}
 
 
 def _one_process(out: str) -> dict:
@@ -62,7 +66,7 @@ def _one_process(out: str) -> dict:
 
 
 def _at_world_4(out: str) -> dict:
-    return {name: _run(out, name.replace(" ", "-"), strategy, pp, cp, extra)
+    return {name: _run(out, name.replace(" ", "-"), strategy, pp, cp, tuple(e.format(out=out) for e in extra))
             for name, (strategy, pp, cp, extra) in RUNS.items()}
 
 
@@ -77,6 +81,7 @@ def test_zero_and_cp_in_a_pipeline_end_at_one_process(run_dist, tmp_path):
     for name in ("zero1 dp2 x pp2", "zero2 dp2 x pp2 interleaved"):
         comm = main[name]["comm"]  # rank 0: stage 0 (and 2), one reduction per step, not one per micro-batch
         assert comm["comm/reduce_scatter_bytes"] == comm["comm/all_gather_bytes"] > 0, (name, comm)
+    assert "resumed from step 2" in main["zero2 resumed at step 2"]["log"], main["zero2 resumed at step 2"]["log"]
     zb = main["ddp dp2 x pp2 zb_h1"]  # rank 0 all_reduces stage 0's gradients once (+ the clip's scalars),
     stage0 = sum(4 * v.numel() for k, v in zb["state"].items()  # not once per BW (4 micro-batches)
                  if k.split(".")[0] in ("wte", "wpe") or k.startswith(("blocks.0.", "blocks.1.")))
