@@ -2,7 +2,7 @@
 the local gradients before its one reduction per step), DDP under zb_h1 (whose weight gradients come after
 the backwards end: the reduction waits for the schedule's end) and context parallelism (ring attention
 inside every stage). Every run reads the same 8 sequences per step and ends where one process ends after
-4 steps of a 4-block GPT (weights and validation loss; the logged training loss too):
+4 steps of a 4-block GPT (weights and validation loss; the logged training loss and clipped norm too):
 
     world  run                                                    checks
     1      single                                                 the reference
@@ -27,9 +27,11 @@ from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.metrics import read_metrics
 
+CLIP = 0.2
+"""Below every step's norm: a norm summed over the wrong ranks (or a tie counted twice) changes every update."""
 BASE = ["experiment=gpt_tiny", "model.n_layer=4", "trainer.eval_interval=0", "trainer.eval_batches=2",
         "trainer.log_interval=2", "data.max_bytes=200000", "data.val_percent=4", "trainer.steps=4",
-        "trainer.ckpt_interval=0", "trainer.sample_bytes=0"]
+        "trainer.ckpt_interval=0", "trainer.sample_bytes=0", f"trainer.grad_clip={CLIP}"]
 GLOBAL_BATCH = 8
 INTERLEAVED = ("strategy.pp_schedule=interleaved_1f1b", "strategy.pp_virtual=2", "trainer.microbatches=2")
 RUNS = {  # name: (strategy, pp, cp, extra)
@@ -58,6 +60,7 @@ def _run(out: str, name: str, strategy: str, pp: int = 1, cp: int = 1, extra: tu
     rows = read_metrics(result["run_dir"] + "/metrics.jsonl")
     traced = [r for r in rows if "train/loss" in r]
     return {"state": result["model_state"], "val": result["val/loss"], "loss": traced[-1]["train/loss"],
+            "norm": traced[-1]["train/grad_norm"],
             "comm": {k: v for k, v in traced[-1].items() if k.startswith("comm/")}, "log": log.getvalue()}
 
 
@@ -78,6 +81,8 @@ def test_zero_and_cp_in_a_pipeline_end_at_one_process(run_dist, tmp_path):
         assert weights < 1e-5, (name, weights)
         assert abs(got["val"] - ref["val"]) < 1e-5 * ref["val"], (name, got["val"], ref["val"])
         assert abs(got["loss"] - ref["loss"]) < 1e-5 * ref["loss"], (name, got["loss"], ref["loss"])
+        assert abs(got["norm"] - ref["norm"]) < 1e-5 * ref["norm"], (name, got["norm"], ref["norm"])
+    assert ref["norm"] > CLIP, ref["norm"]  # the clip was active
     for name in ("zero1 dp2 x pp2", "zero2 dp2 x pp2 interleaved"):
         comm = main[name]["comm"]  # rank 0: stage 0 (and 2), one reduction per step, not one per micro-batch
         assert comm["comm/reduce_scatter_bytes"] == comm["comm/all_gather_bytes"] > 0, (name, comm)
