@@ -10,6 +10,7 @@ one data shard of 8 rows; cp 1: two of 4), so every layout reads the same sample
     ddp, cp 2 (2 steps)          ddp, cp 1 = dp 2         ddp at cp 2 for 4 steps, uninterrupted
     full_shard, cp 1 = dp 2      full_shard, cp 2         the same
     zero2, cp 2                  zero2, cp 1 = dp 2       the same
+    hybrid_shard, cp 2           hybrid_shard, cp 1       the same (shards over shard x cp, then over shard)
 
 SGD: cp and its absence differ by rounding, which AdamW's first steps scale up on near-zero gradients
 (tests/cp/test_equivalence.py says why); the comparison is of the resumed weights, 1e-5. Each run is
@@ -23,9 +24,9 @@ import functools
 from tests.train.test_checkpoint_tp import _run as run_at
 
 SGD = ("optim=sgd", "optim.lr=0.3")
-PATHS = [("ddp", 2, 1), ("full_shard", 1, 2), ("zero2", 2, 1)]
+PATHS = [("ddp", 2, 1), ("full_shard", 1, 2), ("zero2", 2, 1), ("hybrid_shard", 2, 1)]
 """(strategy, cp written at, cp resumed at): the whole model out of cp, FSDP's shards into it, ZeRO's
-optimizer shards (over dp x cp) out of it."""
+optimizer shards (over dp x cp) out of it, hybrid FSDP's shards over ("replicate", "shard_cp") out of it."""
 _run = functools.partial(run_at, degree="cp")
 
 
