@@ -40,9 +40,10 @@ sequence's tokens, and the engine spans "dp_cp", the data-parallel ranks times C
 (minidist.strategies.record.engine_mesh): cp ranks hold the same weights, so their gradients are
 averaged with the data-parallel ones in the engine's one reduction, and FSDP and ZeRO shard over
 all of them. The 2-D engines join the cp ranks to one of their dimensions (layout.hybrid_dims):
-hybrid_shard shards over ("replicate", "shard_cp"), no_shard replicates over ("replicate_cp", "shard" = 1). The cp ranks of a data shard read the same
-rows; local_batch cuts out each one's tokens every step, and the model's loss is already the
-mean over every cp rank's tokens (minidist.cp.plan), so the loop logs and evaluates unchanged.
+hybrid_shard shards over ("replicate", "shard_cp"), no_shard replicates over ("replicate_cp", "shard" = 1).
+The cp ranks of a data shard read the same rows; local_batch cuts out each one's tokens every
+step, and the model's loss is already the mean over every cp rank's tokens (minidist.cp.plan),
+so the loop logs and evaluates unchanged.
 
 A new kind of parallelism is a new record (minidist.strategies.register) and, if it shards
 state, an engine offering the contract the loop and the checkpoints call

@@ -37,7 +37,8 @@ from minidist.pp.schedule import BUILDERS, Action, Kind, Schedule, build, gpipe,
 from minidist.pp.stage import Cut, GPTStage, Stage, Tie, split_gpt, split_sequential
 
 __all__ = [
-    "cost", "ScheduleError", "check", "simulate", "clip_grad_norm_", "gradient_sync", "Deferred", "deferred", "forward_loss", "Pipeline", "BUILDERS",
+    "cost", "ScheduleError", "check", "simulate", "clip_grad_norm_", "gradient_sync", "Deferred", "deferred",
+    "forward_loss", "Pipeline", "BUILDERS",
     "Action", "Kind", "Schedule", "build", "gpipe", "interleaved_1f1b", "one_f_one_b", "stages_of", "zb_h1",
     "Cut", "GPTStage", "Stage", "Tie", "split_gpt", "split_sequential",
 ]

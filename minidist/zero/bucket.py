@@ -141,7 +141,8 @@ class ZeroBucket:
 
     def accumulated(self, j: int) -> torch.Tensor:
         """Parameter j's gradient summed on this rank so far (not reduced): a view of its slot in grad_flat."""
-        assert self.grad_state is GradState.FILLING, f"bucket {self.index}: no local gradient while {self.grad_state.name}"
+        assert self.grad_state is GradState.FILLING, \
+            f"bucket {self.index}: no local gradient while {self.grad_state.name}"
         off, n = self.shards.offsets[j], self.shards.numels[j]
         return self.grad_flat[off:off + n].view(self.params[j].shape)
 
