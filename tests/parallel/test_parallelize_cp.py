@@ -2,8 +2,8 @@
 composed, build_layout, parallelize, build_optimizer, local_batch, clip_grad_norm_, full_state_dict), at 4
 processes: dp 2 x cp 2 for each engine (hybrid_shard's and no_shard's 2-D mesh with the cp ranks joined
 to its shard or replicate dimension: minidist.mesh.Layout.hybrid_dims), and cp 2 x tp 2 (dp 1). K steps
-equal one process on the whole batch: losses (the mean over every cp rank's tokens), clipped global gradient norms and the whole model,
-fp32, 1e-5 (tests.parallel.test_parallelize_tp's reference, batches and checks). The clip threshold is
+equal one process on the whole batch: losses (the mean over every cp rank's tokens), clipped global
+gradient norms and the whole model, fp32, 1e-5 (tests.parallel.test_parallelize_tp's reference, batches and checks). The clip threshold is
 below the norm, so a gradient summed over cp twice, or not reduced over cp at all, changes every update.
 The chunkings, rotations and activation checkpointing are spread over the engines, each run once."""
 
