@@ -33,7 +33,7 @@ from typing import Optional
 from minidist.fsdp import FSDP, prefetch_ahead
 from minidist.fsdp import footprint as fsdp_footprint
 from minidist.fsdp.schedule import DEFAULT_PREFETCH
-from minidist.mesh import REPLICATE, ParallelDims
+from minidist.mesh import REPLICATE, REPLICATE_CP, SHARD, SHARD_CP, ParallelDims
 from minidist.precision import MixedPrecisionPolicy
 from minidist.strategies import contract
 from minidist.strategies.record import (DATA_PARALLEL, SETTINGS, Call, Strategy, clip_call, engine_mesh, every_rank,
@@ -72,8 +72,8 @@ class HybridShardStrategy(FSDPStrategy):
 
 
 # ------------------------------------------------------------------------- the engine
-HYBRID = '("replicate", "shard") (("replicate", "shard_cp") with cp)'
-HYBRID_NO_SHARD = '("replicate", "shard" = 1) (("replicate_cp", "shard" = 1) with cp)'
+HYBRID = f'("{REPLICATE}", "{SHARD}") (("{REPLICATE}", "{SHARD_CP}") with cp)'
+HYBRID_NO_SHARD = f'("{REPLICATE}", "{SHARD}" = 1) (("{REPLICATE_CP}", "{SHARD}" = 1) with cp)'
 """Where the 2-D engines run, in the records' words (minidist.mesh.Layout.hybrid_dims): cp ranks hold the
 same weights, so they join the shard dimension where it shards, the replicate one where it does not."""
 

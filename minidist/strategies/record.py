@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from minidist.mesh import CP, DP_CP, PP, SHARD, TP
+from minidist.mesh import CP, DP, DP_CP, PP, SHARD, TP
 
 SETTINGS = {TP: "strategy.tp_size", SHARD: "strategy.shard_size", CP: "strategy.cp_size", PP: "strategy.pp_size"}
 """The config keys that set each degree of a strategy's mesh, for one-line errors (ParallelDims.infer)."""
@@ -97,7 +97,7 @@ def clip_call(group: int) -> list[Call]:
     return [Call("all_reduce", 4, group, phase="after")] if group > 1 else []
 
 
-DATA_PARALLEL = '"dp" ("dp_cp" with cp)'
+DATA_PARALLEL = f'"{DP}" ("{DP_CP}" with cp)'
 """Where a one-dimensional engine runs, in the records' words (engine_mesh)."""
 
 
