@@ -101,7 +101,7 @@ def compare() -> list[Fact]:
 
     from minidist import comm, runtime
     from minidist.compare.analytic import TensorParallel, closed_form
-    from minidist.compare.config import parse_row, row_strategy
+    from minidist.compare.rows import Row, row_strategy
     from minidist.compare.measure import Bench
     from minidist.compare.report import OP_ABBREV
     from minidist.recipes.compare import compose
@@ -122,11 +122,11 @@ def compare() -> list[Fact]:
             calls[r.op] = calls.get(r.op, 0) + 1
         facts.append(cell(f"{name}: collectives per step", name, "calls/step",
                           " ".join(f"{OP_ABBREV.get(op, op)}{k}" for op, k in calls.items()), as_set=True))
-        base, t = parse_row(name)  # a tensor-parallel row: TP's term and the strategy's over the N / T others
+        row = Row.parse(name)  # a tensor-parallel row: TP's term and the strategy's over the N / T others
         so = row_strategy(cfg, name)
-        tp = TensorParallel(t, topo.world_size // t, (), sequence_parallel=so.sequence_parallel,
-                            vocab_parallel=so.vocab_parallel) if t > 1 else None
-        facts.append(cell(f"{name}: closed form", name, "formula", closed_form(base, tp)))
+        tp = TensorParallel(row.tp, topo.world_size // row.tp, (), sequence_parallel=so.sequence_parallel,
+                            vocab_parallel=so.vocab_parallel) if row.tp > 1 else None
+        facts.append(cell(f"{name}: closed form", name, "formula", closed_form(row.base, tp)))
     return facts
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import threading
 import time
 from typing import Callable
@@ -47,9 +48,11 @@ from minidist.compare import replay
 from minidist.compare.allocator import AllocatorPeak
 from minidist.compare.memory import MemoryLedger, roles_of
 from minidist.compare.profile import model_shape
-from minidist.mesh import CP, DP, TP, Layout, data_parallel_mesh
+from minidist.mesh import CP, DP, PP, TP, Layout, data_parallel_mesh
 from minidist.strategies import contract
 from minidist.strategies.single import SINGLE
+from minidist.pp.compose import norm_parameters
+from minidist.pp.stage import split_gpt
 from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
 from minidist.clip import dims_of
@@ -96,7 +99,10 @@ class Bench:
 
     def __init__(self, cfg, strategy_cfg, topo: Topology, train_ds, plain: bool = False):
         self.topo, self.strategy_cfg = topo, strategy_cfg
-        self.cfg = OmegaConf.merge(cfg, {"trainer": {"log_interval": 2**31 - 1}})  # the trainer traces nothing itself
+        pp = 1 if plain else strategy_cfg.get("pp_size", 1)
+        self.microbatches = cfg.pp_microbatches if pp > 1 else 1  # a pipeline's trainer.microbatches
+        self.cfg = OmegaConf.merge(cfg, {"trainer": {"log_interval": 2**31 - 1,  # the trainer traces nothing itself
+                                                     "microbatches": self.microbatches}})
         self.layout = Layout(data_parallel_mesh(topo)) if plain else build_layout(strategy_cfg, topo)
         torch.manual_seed(cfg.trainer.seed)
         task = make_task(cfg.model)
@@ -107,10 +113,11 @@ class Bench:
             self.model, self.optimizer = model, cls(model.parameters(), **kwargs)
         else:
             policy = precision_policy(cfg.trainer, strategy_cfg)
-            self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy)
+            self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy, self.microbatches)
             self.optimizer = build_optimizer(self.model, self.layout, strategy_cfg, cfg.optim, policy)
         self.task = Phased(task)
-        self.batch = cfg.trainer.batch_size * self.tp_size * self.layout.size(CP)  # the same global batch every row
+        shared = self.tp_size * self.layout.size(CP) * self.layout.size(PP)  # ranks that share one batch
+        self.batch = cfg.trainer.batch_size * shared  # the same global batch every row
         stream = BatchStream(train_ds, self.batch, self.layout.dp_rank, self.layout.dp_size, cfg.trainer.seed)
         fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
         scaler = loss_scaler("fp16" if fp16 else "fp32", topo.device.type)
@@ -136,7 +143,16 @@ class Bench:
     def bucket_numels(self) -> list[int]:
         """The gradient buckets as the engine built them (sizes only: nothing is allocated), as the strategy's
         record reads them: DDP's reducer's, or ZeRO's (its flat partitions padded to N); none for FSDP."""
+        if self.layout.size(PP) > 1:  # each stage's engine its own (minidist.parallel.pipeline)
+            return [n for s in self.model.stages for n in self.run.strategy.buckets(s.runner, self.optimizer)]
         return self.run.strategy.buckets(self.model, self.optimizer)
+
+    def timeline(self, t0: float) -> list[list] | None:
+        """The pipeline's record of its last step (Pipeline.timeline: compute actions and waits for messages),
+        [what, start, end] in seconds since t0; None without a pipeline."""
+        if self.layout.size(PP) == 1:
+            return None
+        return [[what, a - t0, b - t0] for what, a, b in self.model.pipeline.timeline]
 
 
 def _phases(task: Phased, steps: list[tuple[float, float]], t0: float) -> list[list]:
@@ -165,13 +181,14 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
     for _ in range(cfg.warmup_steps):
         bench.step(), plain.step()
     gloo = topo.backend == "gloo"
-    steps, baseline = [], []
+    steps, baseline, timelines = [], [], []
     phase(PHASES[1])
     with (comm.kernel_io.written() if gloo else contextlib.nullcontext()) as written, comm.trace() as tr:
         for i in range(cfg.steps):  # alternating, each first in turn: load drifts hit both alike
             for b in ((bench, plain) if i % 2 == 0 else (plain, bench)):
                 dist.barrier()  # torch's own: not traced; the kernel's count is corrected below
                 (steps if b is bench else baseline).append(b.step())
+            timelines.append(bench.timeline(t0))
     last = [r for r in tr.records if r.issued_s >= steps[-1][0]]
     phase(PHASES[2])
     alone = replay.replay(last, tr.groups, topo.device, cfg.replay_repeats)
@@ -184,7 +201,7 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
            "baseline": {"steps": [[a - t0, b - t0] for a, b in baseline], "phases": _phases(plain.task, baseline, t0)},
            "kernel_bytes": written.bytes - cfg.steps * written.barrier_pair if gloo else None,
            "alone": alone, "bucket_numels": bench.bucket_numels(), "tp": tensor_parallel(cfg, bench),
-           "cp": context_parallel(bench)}
+           "cp": context_parallel(bench), "pp": pipeline(bench, timelines)}
     del bench, plain, tr
     if cfg.memory:
         phase(PHASES[3])
@@ -231,6 +248,51 @@ def context_parallel(bench: Bench) -> dict | None:
     return {"size": size, "rotate": bench.strategy_cfg.cp_rotate, "batch": bench.batch}
 
 
+def pipeline(bench: Bench, timelines: list) -> dict | None:
+    """The row's pipeline on this rank (None without one): its degree, schedule, micro-batches and this rank's
+    coordinates (the pipeline it belongs to: the other dimensions'), and per measured step the runtime's
+    timeline (the bubble is measured from it: minidist.compare.analysis)."""
+    layout, so = bench.layout, bench.strategy_cfg
+    if layout.size(PP) == 1:
+        return None
+    coordinate, pipe = dict(layout.coordinate), bench.model.pipeline
+    rank = coordinate.pop(PP)
+    with torch.device("meta"):  # each stage's shape, as its engine wraps it: the whole model cut alike
+        model, blocks = make_task(bench.cfg.model).build()
+    cut = split_gpt(model, pipe.schedule.num_stages)
+    stages = []
+    for s in pipe.schedule.stages_of(rank):
+        shape, runner = model_shape(cut.modules[s], blocks), pipe.stages[s].runner
+        stages.append({"index": s, "unit_param_numels": shape.unit_param_numels, "param_numels": shape.param_numels,
+                       "param_units": shape.param_units, "unit_param_rows": shape.unit_param_rows,
+                       "buckets": bench.run.strategy.buckets(runner, bench.optimizer)})
+    return {"size": layout.size(PP), "dp": layout.dp_size, "schedule": so.pp_schedule,
+            "virtual": so.get("pp_virtual", 1), "microbatches": bench.microbatches, "batch": bench.batch,
+            "stage_rank": rank, "pipeline": sorted(coordinate.items()), "timelines": timelines,
+            "stages": stages, "tie_bytes": sum(_tie_bytes(pipe, tie, rank) for tie in pipe.ties),
+            "norm_dims": _norm_dims(pipe, layout)}
+
+
+def _tie_bytes(pipe, tie, rank: int) -> int:
+    """Bytes of this rank's copy of a weight tied across ranks (its gradient goes to the twin: sync_ties); 0 if
+    this rank holds neither or both."""
+    holders = {pipe.schedule.rank_of(s): (s, name) for s, name in (tie.first, tie.second)}
+    if len(holders) == 1 or rank not in holders:
+        return 0
+    s, name = holders[rank]
+    p = dict(pipe.stages[s].module.named_parameters(remove_duplicate=False))[name]
+    return p.numel() * p.element_size()
+
+
+def _norm_dims(pipe, layout) -> list[list[str]]:
+    """The clip's groups (minidist.pp.clip_grad_norm_): the dimensions that split each counted parameter, and
+    every set of the other dimensions with pp, which every rank forms alike."""
+    keys = {dims_of(p) for p in norm_parameters(pipe.stages, pipe.ties, pipe.schedule)}
+    others = [d for d in layout.names if d != PP]
+    keys |= {tuple(sorted({*dims, PP})) for k in range(len(others) + 1) for dims in itertools.combinations(others, k)}
+    return sorted(list(k) for k in keys)
+
+
 def _records(tr: comm.Trace, t0: float, strategy: str) -> list[dict]:
     """The trace's records as plain dicts, times in seconds since t0."""
     out = []
@@ -256,9 +318,10 @@ def measure_memory(cfg, strategy_cfg, topo: Topology, train_ds) -> dict:
             ledger = MemoryLedger(roles_of(bench.model, bench.optimizer))
             with peak.window(), ledger:
                 start, end = bench.step()
-        snap, edges = ledger.peak, bench.task.edges[-1]
+        snap, edges = ledger.peak, bench.task.edges[-1] if bench.task.edges else None
         del bench, ledger
         gc.collect()
-    phase = ("forward" if snap.time < edges[1] else "backward" if snap.time < (edges[3] or end) else "optimizer")
+    phase = ("-" if edges is None  # a pipeline's phases interleave (its micro-batches' forwards and backwards)
+             else "forward" if snap.time < edges[1] else "backward" if snap.time < (edges[3] or end) else "optimizer")
     return {"allocator": peak.bytes, "allocator_peaks": peak.peaks, "allocator_at_start": peak.at_start,
             "instrument": peak.instrument, "ledger": snap.total, "by_role": snap.by_role, "where": phase}

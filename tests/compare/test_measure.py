@@ -32,7 +32,7 @@ def body_measure(overrides: list[str]) -> list[dict]:
     import time
 
     from minidist import runtime
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from minidist.compare.measure import measure_strategy
     from minidist.train.data import build_datasets
     from recipes.compare import compose
@@ -57,7 +57,7 @@ _RUNS: dict[tuple, list] = {}
 
 def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[str], memory: bool = True):
     """Every rank's measurements of `strategies` (run once per configuration in a session), and the rows."""
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from recipes.compare import compose
 
     overrides = overrides + [f"strategies=[{','.join(strategies)}]", f"memory={str(memory).lower()}"]

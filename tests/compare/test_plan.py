@@ -22,7 +22,7 @@ and without SP; ddp and zero1 peak at the same instant as ddp+tp2 and full_shard
 def body_peaks(overrides: list[str]) -> dict[str, int]:
     """Per row, this rank's allocator peak of two steps after two warm-up ones (minidist.compare.measure)."""
     from minidist import runtime
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from minidist.compare.measure import measure_memory
     from minidist.recipes.compare import compose
     from minidist.train.data import build_datasets
@@ -102,7 +102,7 @@ def test_the_projection_counts_activations_at_the_runs_precision_and_sizes_bucke
     """The 7.5B GPT at 8192 tokens per rank in bf16 (the issue's case): DDP's 16 psi + activations fit no device,
     ZeRO-1 not 80 GB at 8 ranks; ZeRO's buckets grow with the ranks, so its calls are bandwidth-bound at 1024."""
     from minidist.compare import at_scale, projection
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from minidist.recipes.compare import compose
 
     cfg = compose(["strategies=[ddp,zero1]", "projection.ranks=[8,1024]"], estimate=True)
