@@ -233,12 +233,10 @@ def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[floa
     if pp is not None:  # P stages outermost, the strategy over each stage's N / P ranks
         pp = dataclasses.replace(pp, dp=n // pp.size)
     record = strategies.get(strategy.partition("+")[0])
-    engine_n = n // (pp.size if pp else 1)
-    group = record.state_group(subj.options.get(strategy) or record.preset(), engine_n,
-                               subj.local_world or c.gpus_per_node)
+    group = record.state_group(subj.options.get(strategy) or record.preset(), n, subj.local_world or c.gpus_per_node)
     wire = subj.wires.get(strategy, Wire())
     if subj.bucket_rule and c.node is not None and wire.bucket_numels:  # the bucket rule at this rank count
-        dp = engine_n // (tp.size if tp else 1)
+        dp = n // (tp.size if tp else 1) // (pp.size if pp else 1)
         wire = Wire.even_buckets(subj.shapes[strategy].psi, pricing.bucket_bytes(c.node, dp), wire.reduce_bytes(
             subj.shapes[strategy]), wire.gather_itemsize)
     if pp is not None:  # the first stage's rank: its engine's calls, its messages, the tie, the loss, the clip

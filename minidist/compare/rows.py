@@ -106,7 +106,9 @@ def _check_row(cfg, row: str) -> None:
             trainer = OmegaConf.merge(row_trainer(cfg, row), {"batch_size": cfg.trainer.batch_size * r.pp})
             check_pipeline(types.SimpleNamespace(strategy=so, trainer=trainer, model=cfg.model))
     except ValueError as exc:
-        msg = str(exc).replace("trainer.microbatches", "pp_microbatches")
+        shared = cfg.trainer.batch_size * r.pp
+        msg = str(exc).replace("trainer.microbatches", "pp_microbatches").replace(
+            f"trainer.batch_size={shared}", f"the {shared} sequences a pipeline shares (P x trainer.batch_size)")
         raise ValueError(msg if msg.startswith("strategies:") else f"strategies: {row}: {msg}") from None
 
 
@@ -117,7 +119,7 @@ def check_rows(cfg) -> None:
     no_tp = [r.name for r in strategies.records() if r.comparable and not r.tp_rows]
     rows = [Row.parse(s) for s in cfg.strategies]
     unknown = [s for s, r in zip(cfg.strategies, rows)
-               if r.base not in valid or r.dim and r.size < 2 or r.tp > 1 and r.base in no_tp]
+               if r.base not in valid or "+" in s and r.size < 2 or r.tp > 1 and r.base in no_tp]
     if unknown or not cfg.strategies:
         raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(unknown) or 'empty'} not valid; choose from "
                          f"{', '.join(valid)}, or <strategy>+tp<T> (T >= 2; not {', '.join(no_tp)}), "

@@ -256,7 +256,7 @@ def _paper_table(cfg) -> str:
     for row in cfg.strategies:  # a tp (pp) row: a rank's slices (stage), psi / T (/ P), over the N / T (/ P) others
         r, so = Row.parse(row), row_strategy(cfg, row)
         record, split = strategies.get(r.base), r.tp * r.pp
-        groups = [record.state_group(so, n // split, e.gpus_per_node) if n % r.size == 0 else 0 for n in e.worlds]
+        groups = [record.state_group(so, n, e.gpus_per_node) if n % r.size == 0 else 0 for n in e.worlds]  # / T, / P
         cells = [f"{record.model_state_bytes(e.params / split, group, p, g, k)['total'] / 1e9:.1f}" if group else "-"
                  for group in groups]
         formula = record.states_formula
