@@ -10,7 +10,9 @@ Bytes per step, the mean over ranks (a broadcast is sent by N-1 of N ranks; mini
     formula    the textbook formulas applied call by call to the model's shape (analytic.plan: the
                strategy's record's collectives; a
                tensor-parallel row `<strategy>+tp<T>`: minidist.tp.cost's calls plus the
-               strategy's over the sliced model, as measure.tensor_parallel recorded it)
+               strategy's over the sliced model, as measure.tensor_parallel recorded it; a
+               pipeline row `<strategy>+pp<P>`: each rank's own stage, the schedule's messages
+               (analytic.pipeline_calls), the mean over ranks as the trace's)
 
 Time (medians over the measured steps, their spread the interquartile range; a step's time is
 the slowest rank's):
@@ -24,6 +26,8 @@ the slowest rank's):
     predicted  the alpha-beta ring prediction (calibrated alpha, beta) of the collectives the
                backend runs, and its error against `alone`
     blocked    main-thread time inside collective calls and waits (the trace; not "hidden")
+    bubble     a pipeline row's share of the step not computing, from the runtime's own timelines
+               (bubble()), beside its schedule's formula (minidist.pp.cost.bubble)
     in step    the trace's wire time of the step's collectives (minidist.comm.trace.wire_times, from
                the last member's issue), the mean over ranks: against `alone`, what running inside
                the step (sharing the cores with compute, several collectives at once) cost

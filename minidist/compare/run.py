@@ -154,7 +154,8 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
         "psi": shape.psi})
     files += [plots.draw_comparison(rows, run_dir / "comparison.png", header.splitlines()[-1]),
               run_dir / "timeline.json", timeline.draw_png(raws, run_dir / "timeline.png"),
-              run_dir / "projection.csv", projection.draw_png(proj_rows, clusters, run_dir / "projection.png", devices)]
+              run_dir / "projection.csv", plots.draw_projection(proj_rows, clusters, run_dir / "projection.png",
+                                                                       devices)]
     wrap = lambda text: "\n".join(textwrap.wrap(text, 120))  # noqa: E731
     print("\n\n".join([wrap(header.splitlines()[0].lstrip("# ")), wrap(header.splitlines()[-1]),
                        rep.terminal(rows, ddp_bytes),
