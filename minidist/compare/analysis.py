@@ -266,8 +266,8 @@ def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: Ste
     if pp:
         b = bubble(raws) | {"formula": pp.bubble()}
         note = (f"pp {pp.size} x dp {pp.dp}, {pp.schedule}, m = {pp.microbatches} micro-batches of "
-                f"{r0['pp']['batch'] // pp.microbatches} sequences; bubble {b['measured']:.2f} measured (the "
-                f"pipeline's timeline), {b['formula']:.2f} by formula; memory not estimated")
+                f"{r0['pp']['batch'] // pp.microbatches} sequences; PP = {PP_CLOSED_FORM}; bubble {b['measured']:.2f} "
+                f"measured (the pipeline's timeline), {b['formula']:.2f} by formula; memory not estimated")
     return {"strategy": r0["strategy"], "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
             "calls": dict(counts), "calls_formula": len(calls),
             "closed_form": closed_form(strategy_cfg.name, tp, cp, pp),

@@ -17,7 +17,7 @@ from typing import Callable
 from minidist.footprint import ROLES
 
 OP_ABBREV = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC", "barrier": "BR",
-             "reduce": "RD", "all_to_all": "A2A", "gather": "GA", "scatter": "SC", "send": "SD", "recv": "RV"}
+             "reduce": "RD", "all_to_all": "A2A", "gather": "GA", "scatter": "SC"}
 MB, MIB = 1e6, 2 ** 20
 ROLE_HEADERS = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "buffers": "buffers",
                 "activations": "activ", "other": "other"}
@@ -38,7 +38,10 @@ def _ms(s: dict) -> str:
 
 
 def _calls(r: dict) -> str:
-    return " ".join(f"{OP_ABBREV.get(op, op)}{n:g}" for op, n in sorted(r["calls"].items())) or "-"
+    """Calls per step by op; sends and receives together as P2P (a pipeline's or a ring's messages)."""
+    calls = {OP_ABBREV.get(op, op): n for op, n in r["calls"].items() if op not in ("send", "recv")}
+    p2p = sum(n for op, n in r["calls"].items() if op in ("send", "recv"))
+    return " ".join(f"{op}{n:g}" for op, n in sorted(calls.items()) + ([("P2P", p2p)] if p2p else [])) or "-"
 
 
 def _mem(r: dict, key: str, role: str | None = None) -> str:
@@ -115,7 +118,7 @@ TABLES = {"communication per step and rank (mean over ranks)": COMMUNICATION,
           "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH}
 LEGENDS = {
     "communication per step and rank (mean over ranks)":
-        "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast, SD send, RV recv. ring: the ring formula's bytes "
+        "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast, P2P point-to-point sends and receives. ring: the ring formula's bytes "
         "(minidist.comm.trace) of the calls the trace recorded, a formula, not a measurement (a broadcast is sent by "
         "N-1 of N ranks, S(N-1)/N on average; kernel is the measurement); wire: the same for the collective "
         "the backend really runs (gloo's own reduce_scatter is an all_reduce); kernel: what the kernel counted this "
@@ -172,9 +175,12 @@ def notes(rows: list[dict]) -> list[str]:
 
 
 def _short_formula(r: dict) -> str:
-    """The formula cell as printed: a tensor- (context-) parallel row's TP (CP) term so (its note spells it out)."""
-    short = r["closed_form"].replace(r["tp"]["term"], "TP") if r.get("tp") else r["closed_form"]
-    return short.replace(r["cp"]["term"], "CP") if r.get("cp") else short
+    """The formula cell as printed: a tensor- (context-, pipeline-) parallel row's TP (CP, PP) term so (its note
+    spells it out)."""
+    short = r["closed_form"]
+    for dim in ("tp", "cp", "pp"):
+        short = short.replace(r[dim]["term"], dim.upper()) if r.get(dim) else short
+    return short
 
 
 def terminal(rows: list[dict], ddp: float) -> str:
