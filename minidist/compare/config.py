@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from minidist import strategies
 from minidist.cli.config import Backend
