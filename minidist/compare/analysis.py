@@ -51,7 +51,7 @@ from minidist import strategies
 from minidist.comm import CostModel, hidden_share
 from minidist.comm.trace import arrivals, wire_times
 from minidist.compare import intervals
-from minidist.compare.analytic import (CP_CLOSED_FORM, PP_CLOSED_FORM, TP_CLOSED_FORM, ContextParallel,
+from minidist.compare.analytic import (CP_CLOSED_FORM, TP_CLOSED_FORM, ContextParallel,
                                        PipelineParallel, TensorParallel, busbw_factor, closed_form, pipeline_calls,
                                        plan, ring_bytes)
 from minidist.compare.estimate import estimate_memory
@@ -266,13 +266,14 @@ def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: Ste
     if pp:
         b = bubble(raws) | {"formula": pp.bubble()}
         note = (f"pp {pp.size} x dp {pp.dp}, {pp.schedule}, m = {pp.microbatches} micro-batches of "
-                f"{r0['pp']['batch'] // pp.microbatches} sequences; PP = {PP_CLOSED_FORM}; bubble {b['measured']:.2f} "
-                f"measured (the pipeline's timeline), {b['formula']:.2f} by formula; memory not estimated")
+                f"{r0['pp']['batch'] // pp.microbatches} sequences; PP = {pp.term}; bubble {b['measured']:.2f} measured "
+                f"(the pipeline's timeline), {b['formula']:.2f} by formula; alone: the collectives only (the "
+                f"pipeline's messages are not replayed); memory not estimated")
     return {"strategy": r0["strategy"], "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
             "calls": dict(counts), "calls_formula": len(calls),
             "closed_form": closed_form(strategy_cfg.name, tp, cp, pp),
             "pp": pp and {"size": pp.size, "dp": pp.dp, "schedule": pp.schedule, "microbatches": pp.microbatches,
-                          "virtual": pp.virtual, "term": PP_CLOSED_FORM, "bubble": b},
+                          "virtual": pp.virtual, "term": pp.term, "bubble": b},
             "tp": None if tp is None else {"size": tp.size, "dp": tp.dp, "psi_per_rank": lay.psi,
                                            "term": TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]},
             "cp": cp and {"size": cp.size, "rotate": cp.rotate, "term": CP_CLOSED_FORM[cp.rotate]},

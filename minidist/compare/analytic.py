@@ -37,7 +37,7 @@ coordinate s), each stage's engine over its D = N / P data-parallel ranks on the
 gathering (FSDP) once per micro-batch. The messages come from the schedule's own action lists
 (minidist.pp.schedule), one micro-batch's activation, (b/m) s h e, each:
 
-    +ppP             2 m (b/m) s h e per stage boundary, (S - 1) boundaries over P ranks   2bshe(P-1)/P
+    +ppP             2 m (b/m) s h e per stage boundary, (S - 1) boundaries over P ranks   2bshe(vP-1)/P
                      plus the tied embedding's gradient between the first and last stage (one
                      send each), the loss's broadcast from the last stage, the clip over pp
 
@@ -75,11 +75,6 @@ CP_CLOSED_FORM = {"ring": "6Lbshe(C-1)/C", "all_gather": "4Lbshe(C-1)/C"}
 """The ring's (or the all_gather variant's) bytes per rank and step, from minidist.cp.cost.BLOCKS."""
 
 
-PP_CLOSED_FORM = "2bshe(P-1)/P"
-"""The pipeline's point-to-point bytes per rank and step (v = 1; minidist.pp.cost.step_bytes), b the sequences
-a pipeline shares."""
-
-
 def closed_form(strategy: str, tp: "TensorParallel | None" = None, cp: "ContextParallel | None" = None,
                 pp: "PipelineParallel | None" = None) -> str:
     """The row's formula: the strategy's; with tensor parallelism TP's term plus the strategy's over S_T and D;
@@ -87,7 +82,7 @@ def closed_form(strategy: str, tp: "TensorParallel | None" = None, cp: "ContextP
     the strategy's over a stage's S_P and D."""
     own = strategies.get(strategy).closed_form
     if pp is not None:
-        return f"{PP_CLOSED_FORM} + " + own.replace("S", "S_P").replace("N", "D").replace("S_P_root", "S_root")
+        return f"{pp.term} + " + own.replace("S", "S_P").replace("N", "D").replace("S_P_root", "S_root")
     if cp is not None:
         return f"{CP_CLOSED_FORM[cp.rotate]} + {own}"
     if tp is None or tp.size <= 1:
@@ -199,6 +194,12 @@ class PipelineParallel:
         kinds = [a.kind.value for a in build(self.schedule, self.size, self.microbatches, self.virtual).actions[rank]]
         return [Call("send" if k.startswith("SEND") else "recv", self.message, self.size, span=self.span,
                      phase="pipeline") for k in kinds if k.startswith(("SEND", "RECV"))]
+
+    @property
+    def term(self) -> str:
+        """Its bytes per rank and step in closed form (minidist.pp.cost.step_bytes: S - 1 = vP - 1 boundaries over
+        P ranks), b the sequences a pipeline shares."""
+        return "2bshe(P-1)/P" if self.virtual == 1 else "2bshe(vP-1)/P"
 
     def bubble(self) -> float:
         """The share of the step each rank waits, by formula (minidist.pp.cost.bubble)."""

@@ -51,7 +51,8 @@ def test_the_pipelines_messages_send_what_pp_cost_says(schedule, v):
     assert sum(per_rank) / 2 == pytest.approx(cost.step_bytes(sched, 2 * 16 * 32, 4))
     assert calls_by_op(pp.p2p(0)) == {"send": 4 * (2 * v - 1), "recv": 4 * (2 * v - 1)}
     assert pp.bubble() == pytest.approx(1 / (v * 4 + 1))
-    assert closed_form("full_shard", pp=pp) == "2bshe(P-1)/P + (3S_P-S_root)(D-1)/D"
+    term = "2bshe(P-1)/P" if v == 1 else "2bshe(vP-1)/P"
+    assert closed_form("full_shard", pp=pp) == f"{term} + (3S_P-S_root)(D-1)/D"
 
 
 def test_estimate_prices_pp_and_cp_rows_by_the_planners_formula(capsys):
