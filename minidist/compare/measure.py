@@ -107,7 +107,8 @@ class Bench:
             self.model, self.optimizer = model, cls(model.parameters(), **kwargs)
         else:
             policy = precision_policy(cfg.trainer, strategy_cfg)
-            self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy)
+            self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy,
+                                     cfg.trainer.microbatches)  # a pipeline's (pp_size > 1)
             self.optimizer = build_optimizer(self.model, self.layout, strategy_cfg, cfg.optim, policy)
         self.task = Phased(task)
         self.batch = cfg.trainer.batch_size * self.tp_size * self.layout.size(CP)  # the same global batch every row

@@ -39,6 +39,7 @@ from dataclasses import dataclass, fields as fields_of, replace
 from functools import lru_cache
 
 from minidist import strategies
+from minidist.comm.cost import CostModel
 from minidist.comm.nccl_graphs import HopperNode
 from minidist.compare import pricing
 from minidist.compare.analytic import TensorParallel, plan as plan_calls
@@ -107,6 +108,26 @@ class Hardware:
     nodes: int = 1
     nic_Gbps: float = 400.0
     memory_GB: float | None = None
+    peak_flops: float | None = None
+    """The device's dense peak FLOP/s at the run's precision; None: the GPU's (minidist.precision.PEAK_FLOPS).
+    This machine under emulated compute: the GPT's emulate_flops_per_s (with efficiency 1)."""
+    link: CostModel | None = None
+    """A calibrated alpha-beta link (minidist.comm.calibrate: this machine's gloo) on which every call and transfer
+    is priced (pricing.price_link), with the engines' own bucket sizes; None: NCCL's model of the node."""
+
+    def peak(self, precision: RunPrecision) -> float:
+        return self.peak_flops or precision.peak_flops(self.gpu)
+
+    def price(self, calls: list) -> dict[str, float]:
+        """Seconds per phase of `calls` (pricing.price's dict): on the link where there is one, else by NCCL."""
+        return pricing.price_link(self.link, calls) if self.link else pricing.price(self.node(), calls)
+
+    def send_s(self, nbytes: float, cross: bool) -> float:
+        """One point-to-point transfer: on the link, alpha + S beta; else over the NIC (cross: between nodes) or
+        NVLink, at 10 or 3 us of latency."""
+        if self.link:
+            return self.link.predict("send", int(nbytes), 2)
+        return nbytes / ((self.nic_Gbps / 8 if cross else self.node().nvlink_GBps) * GB) + (10e-6 if cross else 3e-6)
 
     @property
     def gpus(self) -> int:
@@ -149,7 +170,7 @@ def _engine_of(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, 
     record = strategies.get(lay.strategy)
     world = lay.dp * lay.cp  # cp ranks hold the same weights: their gradients are reduced with dp's
     fields = {"bucket_cap_mb": pricing.bucket_bytes(hw.node(), world) / pricing.MIB} \
-        if any(f.name == "bucket_cap_mb" for f in fields_of(record.schema)) else {}
+        if hw.link is None and any(f.name == "bucket_cap_mb" for f in fields_of(record.schema)) else {}
     cfg = record.preset(**fields)
     group = record.state_group(cfg, world, max(1, hw.gpus_per_node // (lay.tp * lay.cp)))
     shape = model.shape(seq, lay.tp, lay.pp, lay.tp > 1 and lay.sequence_parallel, precision.compute_bytes)
@@ -202,15 +223,16 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
     """Projected step time and its parts (module docstring), seconds."""
     p = RunPrecision(precision) if isinstance(precision, str) else precision
     record, cfg, world, group, shape = _engine(model, lay, seq, p, hw)
-    node, e, peak = hw.node(), p.compute_bytes, p.peak_flops(hw.gpu)
+    e, peak = p.compute_bytes, hw.peak(p)
     m = global_batch // (lay.dp * lay.micro_batch)  # micro-batches per replica
     tokens = global_batch * seq / hw.gpus  # per GPU, as MFU counts them
     model_flops = (6 * model.psi(seq) + 6 * model.layers * seq * model.hidden) * tokens
     compute = model_flops * (4 / 3 if lay.recompute == "full" else 1) / (peak * efficiency)
     fwd = compute / (4 if lay.recompute == "full" else 3)  # a backward is two forwards; recompute adds one
     bwd = compute - fwd
-    wire = Wire.even_buckets(shape.psi, int(cfg.bucket_cap_mb * pricing.MIB), e, e) if "bucket_cap_mb" in cfg \
-        else Wire(itemsize=e)
+    cap = cfg.get("bucket_cap_mb")  # null on the link: the engine's default, DDP's 25 MiB
+    wire = Wire.even_buckets(shape.psi, int(cap * pricing.MIB) if cap else pricing.DEFAULT_BUCKET, e, e) \
+        if "bucket_cap_mb" in cfg else Wire(itemsize=e)
     tp = None
     if lay.tp > 1:
         stage = types.SimpleNamespace(n_layer=model.layers // lay.pp, n_embd=model.hidden)
@@ -220,8 +242,8 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
     calls = plan_calls(record, shape, lay.tp * world, wire, group=group, grad_clip=True, tp=tp)
     dp_calls = [c for c in calls if c.phase != "critical"]
     per_mb = record.zero_stage == 3  # FSDP gathers and reduces every micro-batch
-    dp = pricing.price(node, dp_calls)
-    crit = pricing.price(node, [c for c in calls if c.phase == "critical"])
+    dp = hw.price(dp_calls)
+    crit = hw.price([c for c in calls if c.phase == "critical"])
     reps = m if per_mb else 1
     window = 1 if per_mb else m  # DP's reduction hides behind the last micro-batch's backward only
     exposed_dp = (max(0.0, reps * dp["forward"] - fwd) + max(0.0, reps * dp["backward"] - bwd / window)
@@ -245,20 +267,19 @@ def _pp_p2p(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, m: int
     more than one node some boundary crosses) or NVLink: the fill and drain's 2 (p - 1) on the critical
     path, and in the steady state each micro-batch's two (forward and backward) where longer than its compute."""
     nbytes = lay.micro_batch * seq // lay.cp * model.hidden * e / lay.tp
-    cross = hw.nodes > 1
-    one = nbytes / ((hw.nic_Gbps / 8 if cross else hw.node().nvlink_GBps) * GB) + (10e-6 if cross else 3e-6)
+    one = hw.send_s(nbytes, cross=hw.nodes > 1)
     return 2 * (lay.pp - 1) * one + m * max(0.0, 2 * one - per_microbatch)
 
 
 def _cp_exposed(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, flops: float) -> float:
-    """Per micro-batch: each ring step's k, v block transfer not covered by that step's attention block."""
+    """Per micro-batch: each ring step's k, v block transfer (one send: NVLink inside a node, the NIC beyond,
+    or the calibrated link) not covered by that step's attention block."""
     fwd_bytes, bwd_bytes = layer_bytes(lay.micro_batch, seq, model.hidden // lay.tp, lay.cp, element_size=e)
     steps = lay.cp - 1
-    inside = lay.tp * lay.cp <= hw.gpus_per_node
-    bw = (hw.node().nvlink_GBps if inside else hw.nic_Gbps / 8) * GB
+    cross = lay.tp * lay.cp > hw.gpus_per_node
     block_flops = 4 * lay.micro_batch * (seq / lay.cp) ** 2 * model.hidden / lay.tp / 2  # causal: about half
-    per_layer = sum(max(0.0, b / steps / bw - k * block_flops / flops) * steps for b, k in ((fwd_bytes, 1),
-                                                                                             (bwd_bytes, 2)))
+    per_layer = sum(max(0.0, hw.send_s(b / steps, cross) - k * block_flops / flops) * steps
+                    for b, k in ((fwd_bytes, 1), (bwd_bytes, 2)))
     return per_layer * model.layers / lay.pp
 
 

@@ -49,6 +49,68 @@ def test_planned_memory_within_5_percent_of_the_allocator_at_4_processes(run_dis
             assert planned == pytest.approx(m, rel=0.05), (row, planned, m)
 
 
+RATE = 1e9
+"""Emulated FLOP/s of the timed GPT (model.emulate_flops_per_s): ~170 ms of sleeping per step at dp4, against
+the few ms of real CPU compute the planner does not price."""
+TIMED = {  # the planner's Layout (global batch 16), the row's strategy and trainer overrides
+    "dp4 ddp": (Layout(4, micro_batch=4), {}, {"batch_size": 4}),
+    "dp2 x tp2": (Layout(2, 2, micro_batch=8, sequence_parallel=False), {"tp_size": 2}, {"batch_size": 4}),
+    "dp2 x pp2, m=4": (Layout(2, pp=2, micro_batch=2), {"pp_size": 2}, {"batch_size": 8, "microbatches": 4}),
+    "dp2 x pp2, m=1": (Layout(2, pp=2, micro_batch=8), {"pp_size": 2}, {"batch_size": 8, "microbatches": 1}),
+}
+
+
+def body_step_times(overrides: list[str], rows: dict, steps: int) -> dict:
+    """This machine's link (comm.calibrate over the 4 ranks) and, per row, this rank's trainer step times
+    (minidist.compare.measure.Bench: the trainer's own step) after two warm-up steps, each after a barrier."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from minidist import comm, runtime
+    from minidist.compare.measure import Bench
+    from minidist.recipes.compare import compose
+    from minidist.train.data import build_datasets
+
+    cfg = compose(overrides, world=(4, 4))
+    topo = runtime.init("gloo")
+    train_ds = build_datasets(cfg, topo)[0]
+    out = {"link": comm.calibrate(iters=5)}
+    for row, (strategy, trainer) in rows.items():
+        c = OmegaConf.merge(cfg, {"trainer": trainer})
+        bench = Bench(c, OmegaConf.merge(c.strategy_options.ddp, strategy), topo, train_ds)
+        times = []
+        for _ in range(2 + steps):
+            dist.barrier()
+            start, end = bench.step()
+            times.append(end - start)
+        out[row] = times[2:]
+        del bench
+    return out
+
+
+def test_planned_step_times_order_and_match_measured_under_emulated_compute(run_dist):
+    """Four layouts at 4 processes whose planned step times differ by the bubble and TP's calls: the planner, told
+    this machine's rates (the emulated FLOP/s, alpha and beta of gloo from comm.calibrate), ranks them as measured,
+    each planned time within 25% of the measured median (the slowest rank's, per step)."""
+    overrides = [o for o in TINY if not o.startswith("trainer.grad_clip")] + ["trainer.grad_clip=1.0", f"model.emulate_flops_per_s={RATE}", "strategies=[ddp]"]
+    rows = {k: (s, t) for k, (_, s, t) in TIMED.items()}
+    per_rank = run_dist(4, body_step_times, overrides, rows, 3, timeout=300)
+    link = per_rank[0]["link"]
+    hw = Hardware(gpus_per_node=4, peak_flops=RATE, link=link)
+    planned, measured = {}, {}
+    for row, (lay, _, _) in TIMED.items():
+        planned[row] = step(GPTModel(4, 64, 2, 256), lay, 32, 16, "fp32", hw, efficiency=1.0)["step_s"]
+        slowest = [max(steps) for steps in zip(*(r[row] for r in per_rank))]
+        measured[row] = sorted(slowest)[len(slowest) // 2]
+    print(f"\n{link.describe()}")
+    for row in TIMED:
+        print(f"{row}: planned {planned[row] * 1e3:.1f} ms, measured {measured[row] * 1e3:.1f} ms "
+              f"({planned[row] / measured[row] - 1:+.1%})")
+    assert sorted(TIMED, key=planned.get) == sorted(TIMED, key=measured.get), (planned, measured)
+    for row in TIMED:
+        assert planned[row] == pytest.approx(measured[row], rel=0.25), (row, planned[row], measured[row])
+
+
 MODEL = GPTModel.of_params(7.5e9, layers=32)
 
 
