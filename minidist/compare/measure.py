@@ -257,9 +257,10 @@ def measure_memory(cfg, strategy_cfg, topo: Topology, train_ds) -> dict:
             ledger = MemoryLedger(roles_of(bench.model, bench.optimizer))
             with peak.window(), ledger:
                 start, end = bench.step()
-        snap, edges = ledger.peak, bench.task.edges[-1]
+        snap, edges = ledger.peak, (bench.task.edges or [None])[-1]  # none under a pipeline: its stages' own loss
         del bench, ledger
         gc.collect()
-    phase = ("forward" if snap.time < edges[1] else "backward" if snap.time < (edges[3] or end) else "optimizer")
+    phase = ("pipeline" if edges is None else "forward" if snap.time < edges[1]
+             else "backward" if snap.time < (edges[3] or end) else "optimizer")
     return {"allocator": peak.bytes, "allocator_peaks": peak.peaks, "allocator_at_start": peak.at_start,
             "instrument": peak.instrument, "ledger": snap.total, "by_role": snap.by_role, "where": phase}

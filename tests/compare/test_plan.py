@@ -14,13 +14,18 @@ from minidist.strategies import Call
 
 TINY = ["model.n_layer=4", "model.n_embd=64", "model.n_head=2", "model.block_size=32", "data=synthetic",
         "data.train_samples=512", "data.val_samples=8", "trainer.batch_size=8", "trainer.grad_clip=0"]
-MEASURED = {"zero2": False, "full_shard": False, "ddp+tp2": True, "full_shard+tp2": False}
+MEASURED = {"zero2": False, "full_shard": False, "ddp+tp2": True, "full_shard+tp2": False, "ddp+cp2": False}
 """Layouts that run at 4 processes (row: sequence and vocabulary parallel): ZeRO-2's and FSDP's engines, TP with
-and without SP; ddp and zero1 peak at the same instant as ddp+tp2 and full_shard (the backward's start)."""
+and without SP, dp2 x cp2; ddp and zero1 peak at the same instant as ddp+tp2 and full_shard (the backward's start)."""
+PIPELINED = {"ddp+pp2": ({"pp_size": 2}, {"microbatches": 2})}
+"""dp2 x pp2 under 1F1B, 2 micro-batches of 4 (the comparison has no pp rows: measured with the trainer's own
+pipeline step through minidist.compare.measure)."""
 
 
-def body_peaks(overrides: list[str]) -> dict[str, int]:
+def body_peaks(overrides: list[str], pipelined: dict) -> dict[str, int]:
     """Per row, this rank's allocator peak of two steps after two warm-up ones (minidist.compare.measure)."""
+    from omegaconf import OmegaConf
+
     from minidist import runtime
     from minidist.compare.config import row_strategy
     from minidist.compare.measure import measure_memory
@@ -30,20 +35,27 @@ def body_peaks(overrides: list[str]) -> dict[str, int]:
     cfg = compose(overrides, world=(4, 4))
     topo = runtime.init("gloo")
     train_ds = build_datasets(cfg, topo)[0]
-    return {row: measure_memory(cfg, row_strategy(cfg, row), topo, train_ds)["allocator"] for row in cfg.strategies}
+    peaks = {row: measure_memory(cfg, row_strategy(cfg, row), topo, train_ds)["allocator"] for row in cfg.strategies}
+    for row, (strategy, trainer) in pipelined.items():
+        c = OmegaConf.merge(cfg, {"trainer": trainer})
+        peaks[row] = measure_memory(c, OmegaConf.merge(c.strategy_options.ddp, strategy), topo, train_ds)["allocator"]
+    return peaks
 
 
 def test_planned_memory_within_5_percent_of_the_allocator_at_4_processes(run_dist):
     sp = [f"strategy_options.{r.partition('+')[0]}.{k}=true" for r, on in MEASURED.items() if on
           for k in ("sequence_parallel", "vocab_parallel")]
-    per_rank = run_dist(4, body_peaks, TINY + sp + [f"strategies=[{','.join(MEASURED)}]"], timeout=300)
+    per_rank = run_dist(4, body_peaks, TINY + sp + [f"strategies=[{','.join(MEASURED)}]"], PIPELINED, timeout=300)
     model, hw = GPTModel(4, 64, 2, 256), Hardware(gpus_per_node=4)
+    layouts = {"ddp+pp2": Layout(2, pp=2, micro_batch=4), "ddp+cp2": Layout(2, cp=2, micro_batch=16)}
     for row, on in MEASURED.items():
         strategy, _, t = row.partition("+tp")
         t = int(t or 1)
-        lay = Layout(4 // t, t, strategy=strategy, micro_batch=8 * t, sequence_parallel=on)  # global batch 32
+        layouts.setdefault(row, Layout(4 // t, t, strategy=strategy, micro_batch=8 * t, sequence_parallel=on))
+    for row, lay in layouts.items():  # global batch 32 (16 for dp2 x pp2)
         planned = memory(model, lay, 32, "fp32", hw, device="cpu")["total"]
-        measured = sorted(r[row] for r in per_rank)[1:3]  # the middle two: gloo's thread frees are one-sided
+        measured = sorted(r[row] for r in per_rank)  # the middle two: gloo's thread frees are one-sided; under a
+        measured = measured[1:3] if lay.pp == 1 else measured[-1:]  # pipeline the peak per GPU: its fuller stage's
         for m in measured:
             print(f"\n{row}: planned {planned / 1e6:.3f} MB, measured {m / 1e6:.3f} MB ({planned / m - 1:+.1%})")
             assert planned == pytest.approx(m, rel=0.05), (row, planned, m)
