@@ -11,116 +11,30 @@ from minidist.compare.plan import GB, GPTModel, Hardware, Layout, memory, plan, 
 from minidist.compare.plan_table import table, why
 from minidist.pp.cost import bubble
 from minidist.strategies import Call
-
-TINY = ["model.n_layer=4", "model.n_embd=64", "model.n_head=2", "model.block_size=32", "data=synthetic",
-        "data.train_samples=512", "data.val_samples=8", "trainer.batch_size=8", "trainer.grad_clip=0"]
-MEASURED = {"zero2": False, "full_shard": False, "ddp+tp2": True, "full_shard+tp2": False, "ddp+cp2": False}
-"""Layouts that run at 4 processes (row: sequence and vocabulary parallel): ZeRO-2's and FSDP's engines, TP with
-and without SP, dp2 x cp2; ddp and zero1 peak at the same instant as ddp+tp2 and full_shard (the backward's start)."""
-PIPELINED = {"ddp+pp2": ({"pp_size": 2}, {"microbatches": 2})}
-"""dp2 x pp2 under 1F1B, 2 micro-batches of 4 (the comparison has no pp rows: measured with the trainer's own
-pipeline step through minidist.compare.measure)."""
-
-
-def body_peaks(overrides: list[str], pipelined: dict) -> dict[str, int]:
-    """Per row, this rank's allocator peak of two steps after two warm-up ones (minidist.compare.measure)."""
-    from omegaconf import OmegaConf
-
-    from minidist import runtime
-    from minidist.compare.config import row_strategy
-    from minidist.compare.measure import measure_memory
-    from minidist.recipes.compare import compose
-    from minidist.train.data import build_datasets
-
-    cfg = compose(overrides, world=(4, 4))
-    topo = runtime.init("gloo")
-    train_ds = build_datasets(cfg, topo)[0]
-    peaks = {row: measure_memory(cfg, row_strategy(cfg, row), topo, train_ds)["allocator"] for row in cfg.strategies}
-    for row, (strategy, trainer) in pipelined.items():
-        c = OmegaConf.merge(cfg, {"trainer": trainer})
-        peaks[row] = measure_memory(c, OmegaConf.merge(c.strategy_options.ddp, strategy), topo, train_ds)["allocator"]
-    return peaks
+from recipes import plan_check as check
 
 
 def test_planned_memory_within_5_percent_of_the_allocator_at_4_processes(run_dist):
-    sp = [f"strategy_options.{r.partition('+')[0]}.{k}=true" for r, on in MEASURED.items() if on
-          for k in ("sequence_parallel", "vocab_parallel")]
-    per_rank = run_dist(4, body_peaks, TINY + sp + [f"strategies=[{','.join(MEASURED)}]"], PIPELINED, timeout=300)
-    model, hw = GPTModel(4, 64, 2, 256), Hardware(gpus_per_node=4)
-    layouts = {"ddp+pp2": Layout(2, pp=2, micro_batch=4), "ddp+cp2": Layout(2, cp=2, micro_batch=16)}
-    for row, on in MEASURED.items():
-        strategy, _, t = row.partition("+tp")
-        t = int(t or 1)
-        layouts.setdefault(row, Layout(4 // t, t, strategy=strategy, micro_batch=8 * t, sequence_parallel=on))
-    for row, lay in layouts.items():  # global batch 32 (16 for dp2 x pp2)
-        planned = memory(model, lay, 32, "fp32", hw, device="cpu")["total"]
-        measured = sorted(r[row] for r in per_rank)  # the middle two: gloo's thread frees are one-sided; under a
-        measured = measured[1:3] if lay.pp == 1 else measured[-1:]  # pipeline the peak per GPU: its fuller stage's
+    """ZeRO-2, FSDP, DDP x TP2 with SP, FSDP x TP2, dp2 x cp2 and dp2 x pp2 (1F1B) at 4 processes
+    (recipes.plan_check: the docs' numbers)."""
+    per_rank = run_dist(4, check.peaks, check.memory_overrides(), timeout=300)
+    for row, (planned, measured) in check.memory_vs_plan(per_rank).items():
         for m in measured:
             print(f"\n{row}: planned {planned / 1e6:.3f} MB, measured {m / 1e6:.3f} MB ({planned / m - 1:+.1%})")
             assert planned == pytest.approx(m, rel=0.05), (row, planned, m)
 
 
-RATE = 1e9
-"""Emulated FLOP/s of the timed GPT (model.emulate_flops_per_s): ~170 ms of sleeping per step at dp4, against
-the few ms of real CPU compute the planner does not price."""
-TIMED = {  # the planner's Layout (global batch 16), the row's strategy and trainer overrides
-    "dp4 ddp": (Layout(4, micro_batch=4), {}, {"batch_size": 4}),
-    "dp2 x tp2": (Layout(2, 2, micro_batch=8, sequence_parallel=False), {"tp_size": 2}, {"batch_size": 4}),
-    "dp2 x pp2, m=4": (Layout(2, pp=2, micro_batch=2), {"pp_size": 2}, {"batch_size": 8, "microbatches": 4}),
-    "dp2 x pp2, m=1": (Layout(2, pp=2, micro_batch=8), {"pp_size": 2}, {"batch_size": 8, "microbatches": 1}),
-}
-
-
-def body_step_times(overrides: list[str], rows: dict, steps: int) -> dict:
-    """This machine's link (comm.calibrate over the 4 ranks) and, per row, this rank's trainer step times
-    (minidist.compare.measure.Bench: the trainer's own step) after two warm-up steps, each after a barrier."""
-    import torch.distributed as dist
-    from omegaconf import OmegaConf
-
-    from minidist import comm, runtime
-    from minidist.compare.measure import Bench
-    from minidist.recipes.compare import compose
-    from minidist.train.data import build_datasets
-
-    cfg = compose(overrides, world=(4, 4))
-    topo = runtime.init("gloo")
-    train_ds = build_datasets(cfg, topo)[0]
-    out = {"link": comm.calibrate(iters=5)}
-    for row, (strategy, trainer) in rows.items():
-        c = OmegaConf.merge(cfg, {"trainer": trainer})
-        bench = Bench(c, OmegaConf.merge(c.strategy_options.ddp, strategy), topo, train_ds)
-        times = []
-        for _ in range(2 + steps):
-            dist.barrier()
-            start, end = bench.step()
-            times.append(end - start)
-        out[row] = times[2:]
-        del bench
-    return out
-
-
 def test_planned_step_times_order_and_match_measured_under_emulated_compute(run_dist):
-    """Four layouts at 4 processes whose planned step times differ by the bubble and TP's calls: the planner, told
-    this machine's rates (the emulated FLOP/s, alpha and beta of gloo from comm.calibrate), ranks them as measured,
+    """Four layouts at 4 processes whose planned step times differ by TP's calls and the bubble: the planner, told
+    this machine's rates (the emulated FLOP/s; gloo's alpha and beta from comm.calibrate), ranks them as measured,
     each planned time within 25% of the measured median (the slowest rank's, per step)."""
-    overrides = [o for o in TINY if not o.startswith("trainer.grad_clip")] + ["trainer.grad_clip=1.0", f"model.emulate_flops_per_s={RATE}", "strategies=[ddp]"]
-    rows = {k: (s, t) for k, (_, s, t) in TIMED.items()}
-    per_rank = run_dist(4, body_step_times, overrides, rows, 3, timeout=300)
-    link = per_rank[0]["link"]
-    hw = Hardware(gpus_per_node=4, peak_flops=RATE, link=link)
-    planned, measured = {}, {}
-    for row, (lay, _, _) in TIMED.items():
-        planned[row] = step(GPTModel(4, 64, 2, 256), lay, 32, 16, "fp32", hw, efficiency=1.0)["step_s"]
-        slowest = [max(steps) for steps in zip(*(r[row] for r in per_rank))]
-        measured[row] = sorted(slowest)[len(slowest) // 2]
-    print(f"\n{link.describe()}")
-    for row in TIMED:
-        print(f"{row}: planned {planned[row] * 1e3:.1f} ms, measured {measured[row] * 1e3:.1f} ms "
-              f"({planned[row] / measured[row] - 1:+.1%})")
-    assert sorted(TIMED, key=planned.get) == sorted(TIMED, key=measured.get), (planned, measured)
-    for row in TIMED:
-        assert planned[row] == pytest.approx(measured[row], rel=0.25), (row, planned[row], measured[row])
+    per_rank = run_dist(4, check.step_times, check.time_overrides(), timeout=300)
+    times = check.times_vs_plan(per_rank)
+    print("\n" + check.table(times, {}, per_rank[0]["link"]))
+    planned, measured = ({row: t[i] for row, t in times.items()} for i in (0, 1))
+    assert sorted(times, key=planned.get) == sorted(times, key=measured.get), times
+    for row, (p, m) in times.items():
+        assert p == pytest.approx(m, rel=0.25), (row, p, m)
 
 
 MODEL = GPTModel.of_params(7.5e9, layers=32)
