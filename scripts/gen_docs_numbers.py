@@ -16,6 +16,8 @@ include the snippets with pymdownx.snippets (--8<-- "<snippet>.md"), so no measu
 in the docs is typed by hand; README.md's measured numbers are copied from the snippets after every
 job (scripts/readme_facts.py). Commit your code first (the stamp names the commit; a tree
 with uncommitted changes to the code is refused unless --allow-dirty), then the snippets.
+A job whose command fails says why in one line per failed claim, with the values the run
+measured, before its output's tail (scripts/job_run.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import docs_facts  # noqa: E402 - the directory of this script
 import readme_facts  # noqa: E402
+from job_run import run  # noqa: E402 - a failed run names each failed claim with its values
 
 ROOT = docs_facts.ROOT
 OUT = docs_facts.GENERATED
@@ -111,25 +114,6 @@ def load() -> float:
 def stamp(commit: str, load_start: float, load_end: float) -> str:
     return (f"Measured at commit `{commit}` on {time.strftime('%Y-%m-%d')}: {machine()}, gloo; load average "
             f"{load_start:.1f} at the start, {load_end:.1f} at the end (other work on the machine makes times noisy).")
-
-
-def run(command: str, timeout: int, attempts: int = 3) -> str:
-    """Run `command` with the venv's executables first on PATH; return stdout (raise on failure).
-
-    A worker that has finished can still abort in interpreter teardown under torchrun with
-    gloo (see minidist.runtime.exit_process), which fails a complete run: such runs are retried.
-    """
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for attempt in range(1, attempts + 1):
-        p = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        if p.returncode == 0:
-            return p.stdout
-        if "terminate called without an active exception" not in p.stderr or attempt == attempts:
-            raise SystemExit(f"`{command}` failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-        print(f"  a worker aborted in teardown; running it again ({attempt + 1}/{attempts})")
-    raise AssertionError("unreachable")
 
 
 def facts_of(names: list[str]) -> dict[str, list[docs_facts.Fact]]:

@@ -3,9 +3,18 @@ long-lived gloo worker pool (see tests/harness.py) and returns the per-rank valu
 The terminal summary says how many pools the session started (each costs a process-group
 start-up; a failing body costs a restart)."""
 
+import os
+
 import pytest
 
 from tests.harness import PoolManager
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+"""Runs in the suite log to metrics.jsonl and plot, without wandb: an offline wandb run costs ~4 s of CPU (its
+service process, its files), in each of the suite's dozens of training runs, pool workers and torchrun children
+alike (they inherit this). wandb itself is tested where a test asks for it by logger.mode=offline (the explicit
+value wins over $WANDB_MODE: tests/recipes/test_launch.py's two agents) and its settings in
+tests/train/test_metrics.py."""
 
 POOLS = pytest.StashKey[PoolManager]()
 

@@ -15,6 +15,8 @@ Read in this order:
     bucket        one all_reduce bucket's flat buffer and its lifecycle
     reduction     in place or through the flat buffer; the default all_reduce
     ready_order   the one rebuild of the buckets, in the order gradients became ready
+    layout        the buckets in launch order, and each parameter's slot in them
+    finalize      the end of a reducing backward: unused parameters, the averages into p.grad
     reducer       the all_reduce reducer (minidist.DDP's, and ZeRO's owner-broadcast variant's)
     footprint     what the all_reduce reducer holds, instant by instant
 """

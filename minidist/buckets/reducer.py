@@ -16,13 +16,12 @@ launcher's path, launcher.py):
 4. at the end of backward the autograd engine runs ``_finalize_backward``
    (queued by the first hook of the backward, launcher.queue_end_of_backward):
    it completes unused parameters, waits on every future in bucket order and,
-   for flat buckets, copies each average into ``p.grad`` (on this thread, as
-   torch's reducer does in its finalize_backward: no Python on the
-   communication thread, reduction.py), so when backward() returns every
-   ``p.grad`` holds the average. Each future is dropped once waited on, and for
-   buckets reduced in place it waits until gloo's worker has let go of the
-   gradients it was handed (minidist.comm.release): after backward nothing but
-   ``p.grad`` refers to them, so zero_grad() frees them, on this thread.
+   for flat buckets, copies each average into ``p.grad`` (finalize.py), so when
+   backward() returns every ``p.grad`` holds the average. Each future is
+   dropped once waited on, and for buckets reduced in place it waits until
+   gloo's worker has let go of the gradients it was handed
+   (minidist.comm.release): after backward nothing but ``p.grad`` refers to
+   them, so zero_grad() frees them, on this thread.
 
 The buckets are rebuilt once, in the order the first synced backward produced
 its gradients (ready_order.py).
@@ -35,42 +34,29 @@ backward to ``_finalize_backward``.
 
 No host synchronisation on the hot path: copies, zero fills and the launch are
 all device ops; the only waits are the futures at the end of backward (on
-NCCL, a stream wait). find_unused_parameters costs no graph walk (torch walks
-the autograd graph from the outputs after each forward): the end of backward
-already knows which hooks did not fire. It adds one blocking all_reduce of an
-int32 "used" bitmap (4 bytes per parameter tensor) at the end of each synced
-backward, so that a parameter used on some rank only is averaged everywhere.
+NCCL, a stream wait). find_unused_parameters adds one blocking all_reduce of a
+4-byte-per-tensor bitmap at the end of each synced backward (finalize.py).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import comm
-from minidist.buckets import reduction
+from minidist.buckets import finalize, layout, reduction
 from minidist.buckets.bucket import Bucket, BucketState
+from minidist.buckets.finalize import MasterParams
 from minidist.buckets.launcher import OrderedLauncher, hook_gradients, queue_end_of_backward
-from minidist.buckets.policy import ReducerPolicy, assign_buckets
+from minidist.buckets.policy import ReducerPolicy
 from minidist.buckets.ready_order import ReadyOrder
-from minidist.precision import MixedPrecisionPolicy
 
 CommHook = Callable[[Any, Bucket], torch.futures.Future]
 """torch's DDP communication hook: hook(state, bucket) -> Future[Tensor] (minidist.ddp.comm_hooks)."""
-
-
-class MasterParams(Protocol):
-    """What the reducer asks of mixed precision's fp32 masters (minidist.ddp.mixed_precision.MixedPrecisionParams)."""
-
-    policy: MixedPrecisionPolicy
-
-    def use_masters(self) -> None: ...
-
-    def master_grad(self, p: nn.Parameter, result: torch.Tensor) -> None: ...
 
 
 class ReducerState(enum.Enum):
@@ -103,8 +89,8 @@ class Reducer:
         self._set_divisor(self.world_size)
         self.state = ReducerState.ARMED
         self.buckets: list[Bucket] = []
-        self._slot: list[tuple[int, int]] = []
-        """Parameter i lives in buckets[b].views[j] for (b, j) = _slot[i]."""
+        self._slot: list[layout.Slot] = []
+        """Parameter i lives in buckets[b].views[j] for (b, j) = _slot[i] (layout.py)."""
         self._ready = [False] * len(params)
         self._used = [False] * len(params)
         """Got a gradient since the last synced backward (no_sync iterations included)."""
@@ -125,27 +111,12 @@ class Reducer:
     # ---------------------------------------------------------------- layout
     def _build(self, order: list[int]) -> None:
         """(Re)create the buckets for parameters taken in `order` (indices into self.params)."""
-        groups = assign_buckets([self.params[i] for i in order], self.policy.bucket_cap_bytes,
-                                self.policy.first_bucket_bytes, self.policy.last_bucket_bytes)
-        self.buckets = self._launcher.buckets = []
-        self._slot = [(-1, -1)] * len(self.params)
-        for b, members in enumerate(groups):
-            ids = [order[k] for k in members]
-            self.buckets.append(Bucket(b, [self.params[i] for i in ids], ids, is_last=b == len(groups) - 1,
-                                       dtype=self.reduce_dtype if self.mixed else None))
-            for j, i in enumerate(ids):
-                self._slot[i] = (b, j)
+        self.buckets, self._slot = layout.build(self.params, order, self.policy,
+                                                self.reduce_dtype if self.mixed else None)
+        self._launcher.buckets = self.buckets
         self._choose_in_place()
         if self.policy.gradient_as_bucket_view:  # existing grads move into the new buckets
-            for i, p in enumerate(self.params):
-                if p.grad is not None:
-                    view = self._view(i)
-                    view.copy_(p.grad)
-                    p.grad = view
-
-    def _view(self, i: int) -> torch.Tensor:
-        b, j = self._slot[i]
-        return self.buckets[b].views[j]
+            layout.move_grads(self.params, self.buckets, self._slot)
 
     @property
     def device(self) -> torch.device:
@@ -221,34 +192,17 @@ class Reducer:
         """End of backward: complete the unused, wait for every bucket, write the averages to p.grad."""
         try:
             self._launcher.launch_ready()  # a no-op unless shadow_backward filled them
-            missing = [i for i, r in enumerate(self._ready) if not r]
-            if missing and not self.policy.find_unused_parameters:
-                names = ", ".join(f"'{self.names[i]}'" for i in missing[:8]) + (" ..." if len(missing) > 8 else "")
-                raise RuntimeError(
-                    f"DDP: {len(missing)} parameter(s) that require grad received no gradient in this backward: "
-                    f"{names}. Every rank must produce a gradient for every bucketed parameter, or the "
-                    f"all_reduce of their bucket never completes. If they are legitimately unused in some "
-                    f"iterations, construct DDP(..., find_unused_parameters=True); if they are never trained, "
-                    f"set requires_grad=False on them.")
-            for i in missing:
+            for i in finalize.unready_params(self._ready, self.names, self.policy.find_unused_parameters):
                 self._mark_ready(i)  # its local grad (accumulated under no_sync) or zeros
-            globally_used = self._globally_used() if self.policy.find_unused_parameters else None
+            used = (finalize.globally_used(self._used, self.device, self.group)
+                    if self.policy.find_unused_parameters else None)
             if self.mixed is not None:
                 self.mixed.use_masters()  # p is fp32 again: its gradient will be too
             for bucket in self.buckets:
                 bucket.finish()
-                if not write_grads:
-                    continue
-                if self._postscale is not None:
-                    bucket.flat.mul_(self._postscale)
-                results = bucket.grads if bucket.in_place else bucket.views
-                for i, result in zip(bucket.param_ids, results):
-                    if globally_used is None or globally_used[i]:  # unused by every rank: p.grad stays
-                        if self.mixed is not None:  # as it is, as in one process
-                            self.mixed.master_grad(self.params[i], result)
-                        else:
-                            reduction.write_back(self.params[i], result, bucket.in_place,
-                                                 self.policy.gradient_as_bucket_view)
+                if write_grads:
+                    finalize.write_averages(bucket, self.params, used, self._postscale, self.mixed,
+                                            self.policy.gradient_as_bucket_view)
             for bucket in self.buckets:
                 bucket.reset()
             for handed in self._handed:  # the backend's worker lets go: p.grad holds the last reference
@@ -286,12 +240,6 @@ class Reducer:
             for _ in bucket.params:
                 bucket.mark_ready()
         self._finalize_backward(write_grads=False)  # launches them all, in order
-
-    def _globally_used(self) -> list[bool]:
-        """One small all_reduce: did any rank give parameter i a gradient since the last sync?"""
-        used = torch.tensor(self._used, dtype=torch.int32, device=self.device)
-        comm.all_reduce(used, comm.ReduceOp.SUM, group=self.group)
-        return (used > 0).tolist()
 
     def _abandon(self) -> None:
         """Error path: wait out launched work (no Work left referenced), reset for the next iteration."""

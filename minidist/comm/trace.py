@@ -6,30 +6,14 @@
     t.save("trace.json")
 
 The one source of collective bytes and times in minidist: the comparison (minidist.compare),
-the lessons and the benchmarks read them here, and the definitions below are stated nowhere else.
+the lessons and the benchmarks read them here, and the definitions below (with the byte formulas
+of sent_bytes.py and the wire estimate of wire_time.py) are stated nowhere else.
 
-Bytes. Each record carries the payload S (bytes of the *full* logical tensor) and the bytes this
-rank sends under the ring model (sent_bytes), N ranks:
-
-    all_reduce                  2 S (N-1)/N
-    all_gather, reduce_scatter    S (N-1)/N   (S = the full, unsharded tensor)
-    all_to_all                    S (N-1)/N   (S = this rank's input)
-    broadcast, reduce             S (N-1)/N   the MEAN over ranks: N-1 of the N ranks send S
-                                              (a pipelined ring: all but the last; a tree: the
-                                              inner nodes, some twice), one rank sends nothing
-    scatter (src), gather (dst)   S (N-1)/N on the root, 0 elsewhere; gather: S/N off the root
-    barrier                       0
-    send, recv                    S on the sender, 0 on the receiver (point to point, comm.p2p:
-                                  group_size 2, group = the channel "<group>:<src>><dst>")
-
-Why a mean for broadcast and reduce: who sends how much depends on the algorithm (gloo's
-broadcast is a binomial tree: the root sends 2S at N = 4), but every algorithm delivers S to
-N-1 ranks, so all ranks' bytes add up to S (N-1) whatever it is: summed or averaged over ranks
-the trace equals what the kernel counts; rank by rank it may not. What the backend really sends
-is recorded beside (wire_op, wire_bytes): gloo's own reduce_scatter is an all_reduce inside,
-2 S (N-1)/N (minidist.comm.ring's sends S (N-1)/N; `algorithm` says which ran); gloo's reduce is
-a ring reduce_scatter then a gather to the root, S (N-1)/N + S (N-1)/N^2 on average. Checked
-against the kernel's byte counters: tests/comm/test_kernel_io.py, tests/compare/test_kernel_bytes.py.
+Bytes. Each record carries the payload S (bytes of the *full* logical tensor), the bytes this
+rank sends under the ring model (sent_bytes: 2 S (N-1)/N for an all_reduce, S (N-1)/N for an
+all_gather or a reduce_scatter; for broadcast and reduce the mean over ranks) and what the
+backend really sends (wire_op, wire_bytes: gloo's own reduce_scatter is an all_reduce inside).
+The table per collective, and why a mean: minidist/comm/sent_bytes.py.
 
 Times (time.perf_counter(), seconds). Each record has issued_s (the call began), launched_s (it
 returned: for an async call, what issuing cost the caller), completed_s (the work finished: its
@@ -45,8 +29,8 @@ On CUDA the future is the backend's own (a wait there orders a stream; the host 
     exposed  (launched - issued) + waited: the caller's time lost to this collective
     wire     completed - max(issued, the last member's issue (arrived), completion of the
              previous collective of its group): an estimate of the time on the wire, the one
-             the cost model predicts (wire_times); `arrived` comes from every rank's records
-             (arrivals), so the wait for the slowest peer is not counted as transfer
+             the cost model predicts (wire_times, minidist/comm/wire_time.py); `arrived` comes
+             from every rank's records (arrivals), so the wait for the slowest peer is not counted
 
 HIDDEN, the one definition (hidden_share): the share of a step's communication time that compute
 hid, 1 - overhead / comm, where overhead = the step's time minus the same step's without
@@ -73,39 +57,12 @@ from typing import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from minidist.comm.sent_bytes import backend_bytes, ring_bytes_sent
 from minidist.comm.timed import TimedFuture, TimedWork, collect_all  # noqa: F401 - collect_all: comm's
+from minidist.comm.wire_time import arrivals, wire_times  # noqa: F401 - arrivals: importable here, as before
 
 # The traces that are recording now; empty almost always.
 _ACTIVE: list["Trace"] = []
-
-
-def ring_bytes_sent(op: str, payload: int, world: int, *, is_root: bool = False) -> int:
-    """Bytes one rank sends for `op` on `payload` bytes among `world` ranks (broadcast, reduce: the mean)."""
-    if world <= 1:
-        return 0
-    if op == "all_reduce":
-        return 2 * payload * (world - 1) // world
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"):
-        return payload * (world - 1) // world
-    if op == "scatter":
-        return payload * (world - 1) // world if is_root else 0
-    if op == "gather":
-        return 0 if is_root else payload // world
-    if op in ("barrier", "recv"):
-        return 0
-    if op == "send":
-        return payload
-    raise ValueError(f"unknown collective {op!r}")
-
-
-def backend_bytes(op: str, algorithm: str, backend: str, payload: int, world: int,
-                  is_root: bool = False) -> tuple[str, int]:
-    """(the collective the backend runs, the bytes this rank sends for it): see the module docstring."""
-    if backend == "gloo" and algorithm == "native" and op == "reduce_scatter":
-        return "all_reduce", ring_bytes_sent("all_reduce", payload, world)
-    if backend == "gloo" and op == "reduce" and world > 1:
-        return "reduce", payload * (world - 1) // world + payload * (world - 1) // world ** 2
-    return op, ring_bytes_sent(op, payload, world, is_root=is_root)
 
 
 def hidden_share(overhead_s: float, comm_alone_s: float) -> float | None:
@@ -165,52 +122,6 @@ class Record:
 
 
 _TIMES = ("span_s", "waited_s", "exposed_s", "wire_s")
-
-
-def arrivals(issued_by_rank: Sequence[Sequence[tuple[str, float]]]) -> list[list[float]]:
-    """Per rank and record, when the last member of its group issued it: the earliest it can start.
-
-    issued_by_rank[r] = [(group name, issued_s), ...] of rank r's records in issue order. Every
-    rank issues a group's collectives in the same order, so the k-th record of group g on one
-    rank and the k-th of g on another are the same collective. Clocks: perf_counter() of one
-    machine, or each rank's shifted to a common barrier.
-    """
-    latest: dict[tuple[str, int], float] = {}
-    keys = []
-    for records in issued_by_rank:
-        seen: dict[str, int] = {}
-        mine = []
-        for group, issued in records:
-            k = (group, seen.get(group, 0))
-            seen[group] = k[1] + 1
-            latest[k] = max(latest.get(k, issued), issued)
-            mine.append(k)
-        keys.append(mine)
-    return [[latest[k] for k in mine] for mine in keys]
-
-
-def wire_times(records: Sequence[tuple[str, float, float | None]],
-               arrived: Sequence[float] | None = None) -> list[float | None]:
-    """Per (group, issued, completed) record, the estimated seconds its bytes were on the wire.
-
-    A group runs its collectives in order (one NCCL stream; gloo's queue; one ring lane), so a
-    collective starts moving bytes when the last member issued it (`arrived`, from arrivals();
-    default: this rank's issue) or when the previous one of its group completed, whichever is
-    later. This drops the compute an async collective overlapped, the time it queued behind its
-    predecessor and, with `arrived`, the wait for a late peer. Where gloo runs two of a group's
-    collectives at once (it has 2 threads) it under-counts the later one. None: not completed.
-    """
-    arrived = arrived or [issued for _, issued, _ in records]
-    out: list[float | None] = [None] * len(records)
-    done: dict[str, float] = {}
-    for i in sorted(range(len(records)), key=lambda j: records[j][1]):
-        group, issued, completed = records[i]
-        if completed is None:
-            continue
-        start = max(issued, arrived[i], done.get(group, issued))
-        out[i] = max(0.0, completed - start)
-        done[group] = max(done.get(group, completed), completed)
-    return out
 
 
 @dataclass

@@ -57,7 +57,8 @@ from minidist.parallel.parallelize import (build_layout, build_optimizer, local_
                                            parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.task import make_task
-from minidist.train.trainer import Run, train_step
+from minidist.train.run_state import Run
+from minidist.train.trainer import train_step
 
 
 class Phased:

@@ -11,8 +11,10 @@ Read in this order, each module importing only those before it:
     reduce_scatter  one unit's gradient reduction (copy-in, pre-divide, reduce_scatter,
                     replica all_reduce, post-divide) as one GradReduction object
     schedule        shared, passive data: unit order, prefetch lists and queue, sync flag
-    unit            one unit's lifecycle: its sharded and training states, the forward
-                    and backward hooks, activation-checkpointing recompute, end of backward
+    sharded_state   a unit's parameters sharded, gathering or gathered: the moves between
+                    (unshard, reshard) and the prefetch of the units ahead
+    unit            one unit's lifecycle: its training state, the forward and backward
+                    hooks, activation-checkpointing recompute, end of backward
     state_dict      checkpoints (format 2: rows per parameter; format 1 still loads)
     api             the FSDP module: FSDP2's arguments, units, no_sync, clipping, state dicts
 """

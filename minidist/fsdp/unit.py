@@ -3,11 +3,10 @@
 A unit is a module (a transformer Block, or the root) whose parameters are gathered
 together (one all_gather) and reduced together (one reduce_scatter); their layout and
 buffers are one UnitShards (minidist.fsdp.param). It owns two state machines and asserts
-every transition:
+every transition: the sharded state (SHARDED -> GATHERING -> UNSHARDED -> SHARDED, with the
+moves unshard, reshard and prefetch: minidist.fsdp.sharded_state, which FSDPUnit extends)
+and the training state, moved by the hooks defined here:
 
-    sharded state    SHARDED --_start_unshard--> GATHERING --_finish_unshard--> UNSHARDED
-                        ^                                                          |
-                        +------------------------- reshard ------------------------+
     training state   IDLE --pre_forward--> FORWARD --post_forward--> IDLE
                      IDLE --pre_backward--> PRE_BACKWARD --post_backward--> POST_BACKWARD
                      any --finish_backward--> IDLE
@@ -72,27 +71,12 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves  # as FSDP2 walks a module's outputs
 
-from minidist.fsdp.all_gather import AllGather, start_all_gather
 from minidist.fsdp.shard_spec import MeshInfo
 from minidist.fsdp.param import UnitShards
 from minidist.fsdp.reduce_scatter import GradReduction, ReductionStage, start_reduction
 from minidist.fsdp.schedule import Schedule
+from minidist.fsdp.sharded_state import SHARDED_TRANSITIONS, ShardedState, ShardedUnit  # noqa: F401 - importable here
 from minidist.fsdp.streams import Streams
-
-
-class ShardedState(enum.Enum):
-    SHARDED = enum.auto()
-    """Only `local` holds values; module attributes hold the sharded params; `full` has no storage."""
-    GATHERING = enum.auto()
-    """The unit's all_gather is in flight (its output allocated); attributes still hold the shards."""
-    UNSHARDED = enum.auto()
-    """`full` is filled; module attributes hold the unsharded params."""
-
-
-SHARDED_TRANSITIONS = frozenset({(ShardedState.SHARDED, ShardedState.GATHERING),
-                                 (ShardedState.GATHERING, ShardedState.UNSHARDED),
-                                 (ShardedState.UNSHARDED, ShardedState.SHARDED)})
-"""Every move the sharded state may make (asserted by FSDPUnit._to; docs/fsdp.md's diagram draws them)."""
 
 
 class TrainingState(enum.Enum):
@@ -120,16 +104,14 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-class FSDPUnit:
-    """A module, its UnitShards, its hooks and its two states."""
+class FSDPUnit(ShardedUnit):
+    """A module, its UnitShards, its hooks and its two states (the sharded one: ShardedUnit)."""
 
     def __init__(self, module: nn.Module, shards: UnitShards, mesh: MeshInfo, policy: UnitPolicy,
                  schedule: Schedule["FSDPUnit"], streams: Streams, name: str):
-        self.module, self.shards, self.mesh, self.policy = module, shards, mesh, policy
-        self.schedule, self.streams, self.name = schedule, streams, name
-        self.sharded_state = ShardedState.SHARDED
+        super().__init__(shards, mesh, schedule, streams, name)
+        self.module, self.policy = module, policy
         self.training_state = TrainingState.IDLE
-        self._gather: AllGather | None = None
         self._reduction: GradReduction | None = None
         self._trainable = [fp.unsharded for fp in shards.params if fp.unsharded.requires_grad]
         self._grads_ready = 0
@@ -140,80 +122,9 @@ class FSDPUnit:
             module.register_forward_hook(self._post_forward, with_kwargs=True)
 
     @property
-    def all_gather(self) -> AllGather | None:
-        """The all_gather in flight (GATHERING), if any."""
-        return self._gather
-
-    @property
     def reduction(self) -> GradReduction | None:
         """The gradient reduction in flight (between post_backward and the end of backward), if any."""
         return self._reduction
-
-    def __repr__(self) -> str:
-        return f"FSDPUnit({self.name or '<root>'}, {len(self.shards.params)} params, {self.sharded_state.name})"
-
-    # -- sharded state --------------------------------------------------------------------------
-    def _to(self, state: ShardedState) -> None:
-        assert (self.sharded_state, state) in SHARDED_TRANSITIONS, f"{self}: {self.sharded_state.name} -> {state.name}"
-        self.sharded_state = state
-
-    def _start_unshard(self) -> None:
-        """SHARDED -> GATHERING: start gathering every rank's shards (copy-in, all_gather)."""
-        self._to(ShardedState.GATHERING)
-        if not self.shards.aliased:  # aliased (no_shard, one dtype, one device): `full` is `local` already
-            self.schedule.note_alloc()
-            self._gather = start_all_gather(self.shards, self.mesh, self.streams)
-
-    def _finish_unshard(self) -> None:
-        """GATHERING -> UNSHARDED: wait for the all_gather, copy out into `full`, install the unsharded params."""
-        self._to(ShardedState.UNSHARDED)
-        if self.schedule.last_reduction is not None:  # its input may have landed: free it before `full` exists
-            self.schedule.last_reduction.poll()
-        if self._gather is not None:
-            self._gather.wait()
-            self._gather = None
-        self.shards.install_unsharded()
-
-    def unshard(self) -> None:
-        """Make the unsharded params filled and installed, from whatever state (this unit is in use now)."""
-        self.schedule.became_current(self)
-        if self.sharded_state is ShardedState.SHARDED:
-            self._start_unshard()
-        if self.sharded_state is ShardedState.GATHERING:
-            self._finish_unshard()
-
-    def reshard(self) -> None:
-        """-> SHARDED: install the shards and free `full` (after waiting for a prefetch never used)."""
-        if self.sharded_state is ShardedState.GATHERING:  # a prefetch never used: its output is still being written
-            self.schedule.became_current(self)
-            self._finish_unshard()
-        if self.sharded_state is ShardedState.UNSHARDED:
-            self._to(ShardedState.SHARDED)
-            self.shards.install_sharded()
-            if not self.shards.aliased:
-                self.shards.free_full()  # on the compute stream: its last readers are queued there
-                self.schedule.note_free()
-
-    def set_modules_to_forward_prefetch(self, units: list["FSDPUnit"]) -> None:
-        """FSDP2's explicit prefetch: in forward, as soon as this unit's parameters are installed, start
-        the all_gathers of `units` (other units of this model; [] = none). Replaces the default, the
-        next unit in forward order; each listed unit adds its unsharded size to the peak meanwhile."""
-        self.schedule.set_prefetch(self, units, backward=False)
-
-    def set_modules_to_backward_prefetch(self, units: list["FSDPUnit"]) -> None:
-        """FSDP2's explicit prefetch in backward: when this unit's backward starts, start the
-        all_gathers of `units` ([] = none). Replaces the default, the unit backward reaches next."""
-        self.schedule.set_prefetch(self, units, backward=True)
-
-    def _prefetch(self, backward: bool) -> None:
-        """Start the all_gathers of the units this one prefetches: its explicit list, else the next one."""
-        explicit = self.schedule.explicit_prefetch(self, backward)
-        for nxt in self.schedule.upcoming(self, backward) if explicit is None else explicit:
-            if explicit is None and not self.schedule.prefetch_slot_free():
-                break
-            if nxt.sharded_state is ShardedState.SHARDED:
-                nxt._start_unshard()
-                self.schedule.prefetched.append(nxt)
 
     # -- forward hooks --------------------------------------------------------------------------
     def _pre_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:

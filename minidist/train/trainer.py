@@ -6,7 +6,7 @@
         stats = train_step(run, step)      # grad_accum micro-batches, clip, optimizer step
         log_step(run, stats)               # on log steps only: the one host sync, a metrics row
         evaluate / save_checkpoint         # at their intervals
-    return finish(run)                     # final evaluation, <run>/model.pt, sample, plot
+    return finish(run)                     # final evaluation, <run>/model.pt, sample, plot (train/finish.py)
 
 `train(cfg, topo)` runs exactly that. One optimizer step = grad_accum micro-batches
 per rank; only the last one communicates (the others run under no_sync), so a
@@ -27,9 +27,8 @@ import functools
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -37,82 +36,21 @@ from omegaconf import OmegaConf
 from minidist import Topology, comm, strategies
 from minidist.precision import loss_scaler
 from minidist.mesh import PP, Layout
-from minidist.models.saved import save_model
 from minidist.train import pipeline_step
 from minidist.train.checkpoint import Checkpointer
 from minidist.train.checkpoint_files import layout_label
 from minidist.train.data import BatchStream, build_datasets
-from minidist.train.metrics import NullLogger, RunLogger, comm_summary, plot
-from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
-                                           local_batch, no_sync, parallelize, precision_policy)
+from minidist.train.finish import PREEMPTED, evaluate, finish, stopped
+from minidist.train.run_state import Run, StepStats
+from minidist.train.metrics import NullLogger, RunLogger, comm_summary
+from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, local_batch, no_sync,
+                                           parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
 from minidist.train.run_dir import Action, RunPlan, RunRequest, plan_run, write_config
 from minidist.train.task import make_task
 
-PREEMPTED = "PREEMPTED"
-"""Marker in the run directory: the last stop was a preemption (launch/slurm.sbatch requeues on it)."""
-
 STOPPING_LINE = "SIGINT: stopping after this step with a checkpoint (Ctrl-C again stops at once, without one)"
 """What the main process says the moment Ctrl-C arrives (the run stops at the next step boundary)."""
-
-
-@dataclass
-class Run:
-    """Everything one training run holds between phases."""
-
-    cfg: Any
-    topo: Topology
-    layout: Layout
-    """Which ranks do what: data shards, the main process, the groups every sum runs over."""
-    plan: RunPlan
-    run_dir: Path
-    task: Any
-    model: torch.nn.Module
-    """What forward/backward run on: the user's model inside its wrappers."""
-    optimizer: torch.optim.Optimizer
-    strategy: strategies.Strategy
-    """The strategy's record: which contract its model and optimizer engines offer (minidist.strategies)."""
-    stream: BatchStream
-    val_stream: BatchStream
-    ckpt: Checkpointer
-    logger: NullLogger
-    info: dict
-    preemption: PreemptionWatch | None = None
-    scaler: Any = None
-    """fp16: the loss scaler (torch's ShardedGradScaler: every rank skips a step with an inf together)."""
-    start_step: int = 0
-    stop_requested: bool = False
-    preempted: bool = False
-    window: list = field(default_factory=list)
-    """StepStats since the last logged step."""
-    t0: float = field(default_factory=time.perf_counter)
-    request: RunRequest | None = None
-    """What the launcher asked for (the command that continues the run, if it knows one)."""
-    local_batch: Callable[[list], list] = lambda batch: batch
-    """What this rank computes on of a batch its data shard read: under context parallelism its tokens of
-    the same rows (minidist.parallel.parallelize.local_batch), else the batch itself."""
-
-    def request_stop(self) -> None:
-        """Checkpoint after the current step and return from train() (resume=auto continues)."""
-        self.stop_requested = True
-
-    def autocast(self):
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.trainer.precision.value)
-        return torch.autocast(self.topo.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
-
-
-@dataclass
-class StepStats:
-    step: int
-    """Steps done after this one."""
-    loss: torch.Tensor
-    """Mean micro-batch loss on this rank, on the device (not read: no host sync)."""
-    grad_norm: torch.Tensor | None
-    lr: float
-    seconds: float
-    items: int
-    """Tokens or samples the whole job processed in this step."""
-    trace: comm.Trace | None
 
 
 Callback = Callable[[Run, int], None]
@@ -250,64 +188,10 @@ def log_step(run: Run, stats: StepStats) -> None:
                                      "step": f"{step_s * 1e3:.0f}ms"})
 
 
-# -------------------------------------------------------------------------- evaluate
-@torch.no_grad()
-def evaluate(run: Run, max_batches: int | None) -> dict[str, float]:
-    """Every rank runs the same number of validation batches of its own shard; the sums are all-reduced over
-    the data-parallel ranks (cp ranks' losses are their shard's mean over all its tokens already)."""
-    run.model.eval()
-    sums = None
-    for batch in run.val_stream.one_pass(max_batches):
-        with run.autocast():
-            s = pipeline_step.eval_sums(run, batch) if run.layout.size(PP) > 1 else \
-                run.task.eval_sums(run.model, run.local_batch([b.to(run.topo.device) for b in batch]))
-        sums = s if sums is None else sums + s
-    run.model.train()
-    return run.task.report(run.layout.all_reduce(sums).cpu())
-
-
+# ------------------------------------------------------------------------ checkpoint
 def save_checkpoint(run: Run, step: int) -> None:
     extra = {"scaler": run.scaler.state_dict()} if run.scaler is not None else {}
     run.ckpt.save(step, {"step": step, "data": run.stream.state_dict()} | extra)
-
-
-# ---------------------------------------------------------------------------- finish
-def finish(run: Run) -> dict:
-    """Final evaluation on the whole validation split, the model file, a text sample and the plot."""
-    tc = run.cfg.trainer
-    final = evaluate(run, None)
-    full_state = full_state_dict(run.model, run.layout, run.strategy)
-    result = {"run_dir": str(run.run_dir), "stopped": False, **run.info, **final, "step": tc.steps,
-              "wall_s": time.perf_counter() - run.t0}
-    if not run.layout.is_main:
-        return result
-    lines = ["final  " + "  ".join(f"{k} {v:.4f}" for k, v in final.items())]
-    if "unigram_bpb" in run.info:
-        ratio = final["val/bits_per_byte"] / run.info["unigram_bpb"]
-        result["bpb_vs_unigram"] = ratio
-        lines.append(f"bits per byte: {final['val/bits_per_byte']:.2f}, unigram baseline "
-                     f"{run.info['unigram_bpb']:.2f}, ratio {ratio:.2f} (lower is better)")
-    if tc.sample_bytes and run.task.unit == "tokens":
-        lines.append("sample:\n" + _sample(run.task, full_state, tc.sample_bytes))
-    model_file = save_model(run.run_dir, run.cfg.model, full_state, tc.steps)
-    run.logger.log({"step": tc.steps, **{f"final/{k.split('/')[-1]}": v for k, v in final.items()}})
-    png = plot(run.run_dir, run.task.unit)
-    where = run.run_dir.resolve()
-    lines.append(f"outputs in {where} ({model_file.name}, metrics.jsonl, {png.name}, .hydra/config.yaml); "
-                 f"the model: minidist.models.load({str(where)!r})")
-    for line in lines:
-        run.logger.message(line)
-    return result | {"model_state": full_state}
-
-
-def _sample(task, full_state: dict, n_bytes: int) -> str:
-    """A fresh copy of the model on the CPU, loaded with the full state, continues a prompt."""
-    model, _ = task.build()
-    model.load_state_dict(full_state)
-    model.eval()
-    prompt = torch.tensor([list(b"def ")], dtype=torch.long)
-    out = model.generate(prompt, n_bytes, temperature=0.8, top_k=40, generator=torch.Generator().manual_seed(0))
-    return bytes(out[0].tolist()).decode("utf-8", errors="replace")
 
 
 # ------------------------------------------------------------------------------ loop
@@ -342,20 +226,8 @@ def train(cfg, topo: Topology, callbacks: Sequence[Callback] = (), request: RunR
             if (tc.ckpt_interval and done % tc.ckpt_interval == 0) or stopping:
                 save_checkpoint(run, done)
             if stopping:
-                return _stopped(run, done)
+                return stopped(run, done)
         return finish(run)
     finally:
         run.preemption.close()
         run.logger.close()
-
-
-def _stopped(run: Run, done: int) -> dict:
-    caught = run.preemption.caught
-    why = "stopped" if not run.preempted else f"interrupted ({caught})" if caught == "SIGINT" else \
-        f"preempted ({caught or 'a signal on another rank'})"
-    if run.layout.is_main and run.preempted:
-        (run.run_dir / PREEMPTED).write_text(f"{done}\n")
-    command = run.request.command if run.request is not None else None
-    run.logger.message(f"{why} after step {done}, checkpoint saved in {run.ckpt.step_dir(done)}; "
-                       + (f"continue with:\n  {command}" if command else "resume=auto continues"))
-    return {"run_dir": str(run.run_dir), "stopped": True, "preempted": run.preempted, "step": done}
