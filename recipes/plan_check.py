@@ -113,18 +113,23 @@ def times_vs_plan(per_rank: list[dict]) -> dict[str, tuple[float, float]]:
     return out
 
 
-def memory_vs_plan(per_rank: list[dict]) -> dict[str, tuple[float, list[int]]]:
-    """Per row (planned bytes, the measured peaks compared): the middle two ranks' (gloo's thread frees are
-    one-sided); under a pipeline the fuller stage's, the most of all ranks (the planner's peak per GPU)."""
+def planned_memory() -> dict[str, tuple[Layout, float]]:
+    """Per memory row (its Layout, the planner's peak bytes per GPU): a formula, nothing measured."""
     layouts = {row: lay for row, (lay, _, _) in PIPELINED.items()} | {"ddp+cp2": Layout(2, cp=2, micro_batch=16)}
     for row, on in MEASURED.items():
         strategy, _, t = row.partition("+tp")
         t = int(t or 1)
         layouts.setdefault(row, Layout(4 // t, t, strategy=strategy, micro_batch=8 * t, sequence_parallel=on))
+    return {row: (lay, memory(MODEL, lay, SEQ, "fp32", Hardware(gpus_per_node=4), device="cpu")["total"])
+            for row, lay in layouts.items()}
+
+
+def memory_vs_plan(per_rank: list[dict]) -> dict[str, tuple[float, list[int]]]:
+    """Per row (planned bytes, the measured peaks compared): the middle two ranks' (gloo's thread frees are
+    one-sided); under a pipeline the fuller stage's, the most of all ranks (the planner's peak per GPU)."""
     out = {}
-    for row, lay in layouts.items():
+    for row, (lay, planned) in planned_memory().items():
         measured = sorted(r[row] for r in per_rank)
-        planned = memory(MODEL, lay, SEQ, "fp32", Hardware(gpus_per_node=4), device="cpu")["total"]
         out[row] = planned, measured[-1:] if lay.pp > 1 else measured[1:3]
     return out
 
