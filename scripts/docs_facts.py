@@ -34,7 +34,7 @@ import ladder
 from lesson_facts import LESSON_MEASURED, lesson, lesson_claims, lessons  # noqa: F401 - lesson_claims: tests
 from tutorial_facts import tutorial
 from snippet_check import (GENERATED, ROOT, STAMP, Fact, Snippet, _norm, cell, check, from_json,  # noqa: F401
-                           read_cell, text, to_json)
+                           line, read_cell, text, to_json)
 
 
 # --------------------------------------------------------------------------- the facts
