@@ -34,7 +34,7 @@ import ladder
 from lesson_facts import LESSON_MEASURED, lesson, lesson_claims, lessons  # noqa: F401 - lesson_claims: tests
 from tutorial_facts import tutorial
 from snippet_check import (GENERATED, ROOT, STAMP, Fact, Snippet, _norm, cell, check, from_json,  # noqa: F401
-                           read_cell, text, to_json)
+                           line, read_cell, text, to_json)
 
 
 # --------------------------------------------------------------------------- the facts
@@ -230,6 +230,13 @@ def scale_numbers(part: str) -> Callable[[], list[Fact]]:
     return facts
 
 
+def plan_check() -> list[Fact]:
+    """The planner's peak per GPU of every memory row recipes/plan_check.py measures (a formula)."""
+    from recipes.plan_check import planned_memory
+    return [line(f"{row}: the planned MB", f"{row:<18}", rf"\s*{planned / 1e6:.3f}\s.*")
+            for row, (_, planned) in planned_memory().items()]
+
+
 def pp_timeline() -> list[Fact]:
     """Every schedule's action lists at p = 4, m = 8 (what the pictures ran; their times are the clock's)."""
     from minidist import pp
@@ -353,6 +360,9 @@ def registry() -> dict[str, Snippet]:
     snippets["activation_memory"] = Snippet("activation_memory", "the formula columns (minidist.memory.activations, "
                                             "Korthikanti et al.'s per layer)", "the measured column (torch's profiler) "
                                             "and its ratio", activation_memory)
+    snippets["plan_check"] = Snippet("plan_check", "the planned MB column (minidist.compare.plan.memory)",
+                                     "alpha and beta, every time (planned on the measured link), the measured MB "
+                                     "and the ratios", plan_check)
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job not in ("code", "strategies") and not any(s.job == job for s in snippets.values()):
