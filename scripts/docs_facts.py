@@ -34,7 +34,7 @@ import ladder
 from lesson_facts import LESSON_MEASURED, lesson, lesson_claims, lessons  # noqa: F401 - lesson_claims: tests
 from tutorial_facts import tutorial
 from snippet_check import (GENERATED, ROOT, STAMP, Fact, Snippet, _norm, cell, check, from_json,  # noqa: F401
-                           read_cell, text, to_json)
+                           line, read_cell, text, to_json)
 
 
 # --------------------------------------------------------------------------- the facts
@@ -101,7 +101,7 @@ def compare() -> list[Fact]:
 
     from minidist import comm, runtime
     from minidist.compare.analytic import TensorParallel, closed_form
-    from minidist.compare.config import parse_row, row_strategy
+    from minidist.compare.rows import Row, row_strategy
     from minidist.compare.measure import Bench
     from minidist.compare.report import OP_ABBREV
     from minidist.recipes.compare import compose
@@ -122,11 +122,11 @@ def compare() -> list[Fact]:
             calls[r.op] = calls.get(r.op, 0) + 1
         facts.append(cell(f"{name}: collectives per step", name, "calls/step",
                           " ".join(f"{OP_ABBREV.get(op, op)}{k}" for op, k in calls.items()), as_set=True))
-        base, t = parse_row(name)  # a tensor-parallel row: TP's term and the strategy's over the N / T others
+        row = Row.parse(name)  # a tensor-parallel row: TP's term and the strategy's over the N / T others
         so = row_strategy(cfg, name)
-        tp = TensorParallel(t, topo.world_size // t, (), sequence_parallel=so.sequence_parallel,
-                            vocab_parallel=so.vocab_parallel) if t > 1 else None
-        facts.append(cell(f"{name}: closed form", name, "formula", closed_form(base, tp)))
+        tp = TensorParallel(row.tp, topo.world_size // row.tp, (), sequence_parallel=so.sequence_parallel,
+                            vocab_parallel=so.vocab_parallel) if row.tp > 1 else None
+        facts.append(cell(f"{name}: closed form", name, "formula", closed_form(row.base, tp)))
     return facts
 
 
@@ -228,6 +228,13 @@ def scale_numbers(part: str) -> Callable[[], list[Fact]]:
             return [text("the planner's table", plan_case().strip("\n"))]
         return [text(f"the {part} table", (nccl.table() if part == "nccl" else activations.table()).strip("\n"))]
     return facts
+
+
+def plan_check() -> list[Fact]:
+    """The planner's peak per GPU of every memory row recipes/plan_check.py measures (a formula)."""
+    from recipes.plan_check import planned_memory
+    return [line(f"{row}: the planned MB", f"{row:<18}", rf"\s*{planned / 1e6:.3f}\s.*")
+            for row, (_, planned) in planned_memory().items()]
 
 
 def pp_timeline() -> list[Fact]:
@@ -353,6 +360,9 @@ def registry() -> dict[str, Snippet]:
     snippets["activation_memory"] = Snippet("activation_memory", "the formula columns (minidist.memory.activations, "
                                             "Korthikanti et al.'s per layer)", "the measured column (torch's profiler) "
                                             "and its ratio", activation_memory)
+    snippets["plan_check"] = Snippet("plan_check", "the planned MB column (minidist.compare.plan.memory)",
+                                     "alpha and beta, every time (planned on the measured link), the measured MB "
+                                     "and the ratios", plan_check)
     from gen_docs_numbers import JOBS
     for job in JOBS:  # a job added without facts yet: its one snippet, honestly labelled
         if job not in ("code", "strategies") and not any(s.job == job for s in snippets.values()):

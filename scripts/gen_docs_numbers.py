@@ -77,6 +77,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "bench_pp_long": (f"{TORCHRUN.format(n=4)} benchmarks/pp_vs_torch.py --microbatches 8 --forward-ms 80 "
                       f"--schedules gpipe 1f1b", 600),
     "cp_ring": (f"{TORCHRUN.format(n=4)} -m recipes.cp_ring --out docs/generated", 300),
+    "plan_check": (f"{TORCHRUN.format(n=4)} -m recipes.plan_check", 300),
     "activation_memory": ("; ".join(f"{TORCHRUN.format(n=n)} -m recipes.activation_memory" for n in (1, 2, 4)), 600),
     # the table of the runs `benchmarks/main_job_sweep.py run` recorded (each minutes long, under the CPU lock)
     "main_job_sweep": ("python benchmarks/main_job_sweep.py table", 120),

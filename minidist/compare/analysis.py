@@ -10,7 +10,9 @@ Bytes per step, the mean over ranks (a broadcast is sent by N-1 of N ranks; mini
     formula    the textbook formulas applied call by call to the model's shape (analytic.plan: the
                strategy's record's collectives; a
                tensor-parallel row `<strategy>+tp<T>`: minidist.tp.cost's calls plus the
-               strategy's over the sliced model, as measure.tensor_parallel recorded it)
+               strategy's over the sliced model, as measure.tensor_parallel recorded it; a
+               pipeline row `<strategy>+pp<P>`: each rank's own stage, the schedule's messages
+               (analytic.pipeline_calls), the mean over ranks as the trace's)
 
 Time (medians over the measured steps, their spread the interquartile range; a step's time is
 the slowest rank's):
@@ -24,6 +26,8 @@ the slowest rank's):
     predicted  the alpha-beta ring prediction (calibrated alpha, beta) of the collectives the
                backend runs, and its error against `alone`
     blocked    main-thread time inside collective calls and waits (the trace; not "hidden")
+    bubble     a pipeline row's share of the step not computing, from the runtime's own timelines
+               (bubble()), beside its schedule's formula (minidist.pp.cost.bubble)
     in step    the trace's wire time of the step's collectives (minidist.comm.trace.wire_times, from
                the last member's issue), the mean over ranks: against `alone`, what running inside
                the step (sharing the cores with compute, several collectives at once) cost
@@ -47,8 +51,9 @@ from minidist import strategies
 from minidist.comm import CostModel, hidden_share
 from minidist.comm.trace import arrivals, wire_times
 from minidist.compare import intervals
-from minidist.compare.analytic import (CP_CLOSED_FORM, TP_CLOSED_FORM, ContextParallel, TensorParallel, busbw_factor,
-                                       closed_form, plan, ring_bytes)
+from minidist.compare.analytic import (CP_CLOSED_FORM, TP_CLOSED_FORM, ContextParallel,
+                                       PipelineParallel, TensorParallel, busbw_factor, closed_form, pipeline_calls,
+                                       plan, ring_bytes)
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.profile import StepProfile
 from minidist.mesh import CP, DATA_PARALLEL_DIMS, SHARD
@@ -68,12 +73,12 @@ def _step_times(per_rank: list[list[list[float]]]) -> list[float]:
     return [max(b - a for a, b in steps) for steps in zip(*per_rank)]
 
 
-def _bytes(raws: list[dict], steps: int, calls) -> dict:
+def _bytes(raws: list[dict], steps: int, formula: float) -> dict:
     n = len(raws)
     mean = lambda key: sum(r[key] for raw in raws for r in raw["records"]) / n / steps  # noqa: E731
     kernel = [raw["kernel_bytes"] for raw in raws]
     out = {"payload": sum(r["payload_bytes"] for r in raws[0]["records"]) / steps, "trace": mean("sent_bytes"),
-           "wire": mean("wire_bytes"), "formula": ring_bytes(calls),
+           "wire": mean("wire_bytes"), "formula": formula,
            "kernel": None if None in kernel else sum(kernel) / n / steps,
            "kernel_per_rank": None if None in kernel else [k / steps for k in kernel]}
     out["kernel_error"] = None if out["kernel"] is None or not out["wire"] else out["kernel"] / out["wire"] - 1
@@ -185,6 +190,50 @@ def context_parallel_of(raw: dict, cfg, itemsize: int) -> ContextParallel | None
     return c and ContextParallel.of_gpt(cfg.model, c["batch"], cfg.model.block_size, c["size"], c["rotate"], itemsize)
 
 
+def pipeline_of(raw: dict, cfg, itemsize: int) -> PipelineParallel | None:
+    """A measured pipeline row's pipeline (None for any other row): the sequences each pipeline shared."""
+    p = raw.get("pp")
+    return p and PipelineParallel.of_gpt(cfg.model, p["batch"], cfg.model.block_size, p["size"], p["dp"],
+                                         p["schedule"], p["microbatches"], p["virtual"], itemsize)
+
+
+def stage_shape(raw: dict, itemsize: int, k: int = 0) -> tuple[ModelShape, Wire]:
+    """The shape of a measured pipeline rank's k-th stage (its units, as its engine wrapped them) and its buckets."""
+    st = raw["pp"]["stages"][k]
+    return (ModelShape(tuple(map(tuple, st["unit_param_numels"])), tuple(st["param_numels"]), tuple(st["param_units"]),
+                       itemsize, tuple(tuple(map(tuple, u)) for u in st["unit_param_rows"])), Wire(tuple(st["buckets"])))
+
+
+def pipeline_rank_calls(raw: dict, record, pp: PipelineParallel, group: int, grad_clip: bool, itemsize: int) -> list:
+    """One pipeline rank's calls (analytic.pipeline_calls) for the stages it measured: their shapes and buckets."""
+    p = raw["pp"]
+    stages = [stage_shape(raw, itemsize, k) for k in range(len(p["stages"]))]
+    return pipeline_calls(record, stages, pp, p["stage_rank"], group=group, tie=p["tie_bytes"],
+                          norm_dims=p["norm_dims"], grad_clip=grad_clip)
+
+
+def bubble(raws: list[dict]) -> dict:
+    """The bubble measured from the runtime's own timelines (Pipeline.timeline): per pipeline and measured step,
+    1 - busy / (P x span), busy the ranks' compute actions, span from the first action's start to the last's end
+    on any of the pipeline's ranks (minidist.pp.check.bubble's definition); the median over steps, the mean over
+    the pipelines; per stage rank, its own share 1 - busy / span."""
+    pipelines: dict[tuple, list[dict]] = defaultdict(list)
+    for raw in raws:
+        pipelines[tuple(map(tuple, raw["pp"]["pipeline"]))].append(raw)
+    whole, per_rank = [], defaultdict(list)
+    for members in pipelines.values():
+        shares = []
+        for k in range(len(members[0]["pp"]["timelines"])):
+            lines = {m["pp"]["stage_rank"]: m["pp"]["timelines"][k] for m in members}
+            span = max(e for tl in lines.values() for _, _, e in tl) - min(b for tl in lines.values() for _, b, _ in tl)
+            busy = {r: sum(e - b for what, b, e in tl if what != "wait") for r, tl in lines.items()}
+            shares.append(1 - sum(busy.values()) / (len(lines) * span))
+            for r, t in busy.items():
+                per_rank[r].append(1 - t / span)
+        whole.append(statistics.median(shares))
+    return {"measured": statistics.mean(whole), "per_rank": [statistics.median(per_rank[r]) for r in sorted(per_rank)]}
+
+
 def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: StepProfile | None, cfg,
                  strategy_cfg) -> dict:
     """One strategy's measured and predicted numbers (plain JSON; see the module docstring)."""
@@ -192,9 +241,14 @@ def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: Ste
     world, group = r0["world"], state_group(r0)
     lay, wire, tp = tensor_parallel_of(r0, shape, cfg)
     record = strategies.get(strategy_cfg.name)
-    calls = plan(record, lay, world, wire, group=group, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
-    c, cp = r0.get("cp"), context_parallel_of(r0, cfg, shape.itemsize)
-    calls += cp.calls() if cp else []
+    c, cp, pp = r0.get("cp"), context_parallel_of(r0, cfg, shape.itemsize), pipeline_of(r0, cfg, shape.itemsize)
+    clip = cfg.trainer.grad_clip > 0
+    if pp:  # each rank its stages' calls: the formula is the mean over ranks, as the trace's bytes are
+        per_rank = [pipeline_rank_calls(raw, record, pp, group, clip, shape.itemsize) for raw in raws]
+        calls, formula = per_rank[0], statistics.mean(ring_bytes(x) for x in per_rank)
+    else:
+        calls = plan(record, lay, world, wire, group=group, grad_clip=clip, tp=tp) + (cp.calls() if cp else [])
+        formula = ring_bytes(calls)
     counts: dict[str, float] = defaultdict(float)
     for r in r0["records"]:
         counts[r["op"]] += 1 / steps
@@ -209,10 +263,19 @@ def strategy_row(raws: list[dict], shape: ModelShape, cost: CostModel, prof: Ste
         note = (f"cp {cp.size} x dp {world // cp.size}, {c['batch']} sequences per cp group, each rank 1/{cp.size} "
                 f"of their tokens; CP = {CP_CLOSED_FORM[cp.rotate]} ({cp.rotate}) on the critical path; alone: "
                 f"the collectives only (the ring's messages are not replayed); memory not estimated")
+    if pp:
+        b = bubble(raws) | {"formula": pp.bubble()}
+        note = (f"pp {pp.size} x dp {pp.dp}, {pp.schedule}, m = {pp.microbatches} micro-batches of "
+                f"{r0['pp']['batch'] // pp.microbatches} sequences; PP = {pp.term}; bubble {b['measured']:.2f} measured "
+                f"(the pipeline's timeline), {b['formula']:.2f} by formula; alone: the collectives only (the "
+                f"pipeline's messages are not replayed); memory not estimated")
     return {"strategy": r0["strategy"], "world": world, "backend": r0["backend"], "mesh": r0["mesh"], "note": note,
-            "calls": dict(counts), "calls_formula": len(calls), "closed_form": closed_form(strategy_cfg.name, tp, cp),
+            "calls": dict(counts), "calls_formula": len(calls),
+            "closed_form": closed_form(strategy_cfg.name, tp, cp, pp),
+            "pp": pp and {"size": pp.size, "dp": pp.dp, "schedule": pp.schedule, "microbatches": pp.microbatches,
+                          "virtual": pp.virtual, "term": pp.term, "bubble": b},
             "tp": None if tp is None else {"size": tp.size, "dp": tp.dp, "psi_per_rank": lay.psi,
                                            "term": TP_CLOSED_FORM[tp.sequence_parallel, tp.vocab_parallel]},
             "cp": cp and {"size": cp.size, "rotate": cp.rotate, "term": CP_CLOSED_FORM[cp.rotate]},
-            "bytes": _bytes(raws, steps, calls), "alone": alone, "time": _time(raws, alone),
-            "memory": _memory(raws, None if tp or cp else prof, strategy_cfg, cfg)}
+            "bytes": _bytes(raws, steps, formula), "alone": alone, "time": _time(raws, alone),
+            "memory": _memory(raws, None if tp or cp or pp else prof, strategy_cfg, cfg)}

@@ -31,6 +31,16 @@ sequences of s tokens a cp group shares (block = b (s/C) h e, k and v stacked in
     +cpC (all_gather)    per layer one all_gather of (k, v), one reduce_scatter      4 L b s h e (C-1)/C
                          plus the loss's all_reduce over cp (sum and count), and the strategy's calls over N
 
+Pipeline rows (`<strategy>+pp<P>`): P stages on the outermost ranks (stage s on the ranks of pp
+coordinate s), each stage's engine over its D = N / P data-parallel ranks on the stage's layers
+(S_P: its own buckets and units), reducing once per step (minidist.pp.compose.gradient_sync) but
+gathering (FSDP) once per micro-batch. The messages come from the schedule's own action lists
+(minidist.pp.schedule), one micro-batch's activation, (b/m) s h e, each:
+
+    +ppP             2 m (b/m) s h e per stage boundary, (S - 1) boundaries over P ranks   2bshe(vP-1)/P
+                     plus the tied embedding's gradient between the first and last stage (one
+                     send each), the loss's broadcast from the last stage, the clip over pp
+
 TP's calls sit between the layers that need their result: nothing overlaps them (phase
 "critical"). With clipping, one scalar all_reduce per set of mesh dimensions that split some
 parameter and per dimension of more than one rank (minidist.clip.global_norm);
@@ -65,10 +75,14 @@ CP_CLOSED_FORM = {"ring": "6Lbshe(C-1)/C", "all_gather": "4Lbshe(C-1)/C"}
 """The ring's (or the all_gather variant's) bytes per rank and step, from minidist.cp.cost.BLOCKS."""
 
 
-def closed_form(strategy: str, tp: "TensorParallel | None" = None, cp: "ContextParallel | None" = None) -> str:
+def closed_form(strategy: str, tp: "TensorParallel | None" = None, cp: "ContextParallel | None" = None,
+                pp: "PipelineParallel | None" = None) -> str:
     """The row's formula: the strategy's; with tensor parallelism TP's term plus the strategy's over S_T and D;
-    with context parallelism CP's term plus the strategy's over all N ranks."""
+    with context parallelism CP's term plus the strategy's over all N ranks; with a pipeline its messages plus
+    the strategy's over a stage's S_P and D."""
     own = strategies.get(strategy).closed_form
+    if pp is not None:
+        return f"{pp.term} + " + own.replace("S", "S_P").replace("N", "D").replace("S_P_root", "S_root")
     if cp is not None:
         return f"{CP_CLOSED_FORM[cp.rotate]} + {own}"
     if tp is None or tp.size <= 1:
@@ -146,6 +160,75 @@ class ContextParallel:
             per_layer = [Call("all_gather", c * kv, c, phase="critical"),
                          Call("reduce_scatter", c * kv, c, phase="critical")]
         return per_layer * self.n_layer + [Call("all_reduce", cost.LOSS_BYTES, c, phase="forward")]  # the loss's mean
+
+
+@dataclass(frozen=True)
+class PipelineParallel:
+    """A row's pipeline: P stages on the outermost ranks, each stage's engine over D = N / P data-parallel ranks."""
+
+    size: int
+    """P, stages' ranks in one pipeline."""
+    dp: int
+    """D = N / P, the ranks holding the same stage (each stage's engine spans them)."""
+    schedule: str
+    microbatches: int
+    virtual: int
+    message: int
+    """Bytes of one micro-batch's activation (or its gradient) at a stage boundary: (b/m) s h e."""
+
+    @classmethod
+    def of_gpt(cls, model_cfg, batch: int, seq: int, size: int, dp: int, schedule: str, microbatches: int,
+               virtual: int = 1, itemsize: int = 4) -> "PipelineParallel":
+        """The GPT's pipeline for `batch` sequences of `seq` tokens per pipeline, in m micro-batches."""
+        return cls(size, dp, schedule, microbatches, virtual, batch // microbatches * seq * model_cfg.n_embd * itemsize)
+
+    @property
+    def span(self) -> int:
+        """Ranks a pipeline stretches over: its stages are D ranks apart (pp is the outermost dimension)."""
+        return self.size * self.dp
+
+    def p2p(self, rank: int) -> list[Call]:
+        """Pipeline rank `rank`'s messages of one step, one per SEND or RECV of its action list (a receive sends
+        nothing); phase "pipeline": the schedule's fill and drain wait for them (minidist.compare.projection)."""
+        from minidist.pp import build
+        kinds = [a.kind.value for a in build(self.schedule, self.size, self.microbatches, self.virtual).actions[rank]]
+        return [Call("send" if k.startswith("SEND") else "recv", self.message, self.size, span=self.span,
+                     phase="pipeline") for k in kinds if k.startswith(("SEND", "RECV"))]
+
+    @property
+    def term(self) -> str:
+        """Its bytes per rank and step in closed form (minidist.pp.cost.step_bytes: S - 1 = vP - 1 boundaries over
+        P ranks), b the sequences a pipeline shares."""
+        return "2bshe(P-1)/P" if self.virtual == 1 else "2bshe(vP-1)/P"
+
+    def bubble(self) -> float:
+        """The share of the step each rank waits, by formula (minidist.pp.cost.bubble)."""
+        from minidist.pp import cost
+        return cost.bubble(self.schedule, self.size, self.microbatches, self.virtual)
+
+
+def pipeline_calls(record: Strategy, stages: list[tuple[ModelShape, Wire]], pp: PipelineParallel, rank: int, *,
+                   group: int | None = None, tie: int = 0, norm_dims=(), grad_clip: bool = True) -> list[Call]:
+    """Every call of one step on pipeline rank `rank` holding `stages` (each stage's shape and wire): each stage's
+    engine over D (its gathers once per micro-batch: every micro-batch's forward and backward gathers again; its
+    reductions once), the schedule's messages, the tied weight's gradient to its twin (`tie` bytes, one send and
+    one receive; 0: no twin on another rank), the loss's broadcast over pp, the clip's scalars (one all_reduce
+    per dimension of more than one rank in each of `norm_dims`, as minidist.clip.global_norm issues them)."""
+    calls = []
+    for shape, wire in stages:
+        engine = plan(record, shape, pp.dp, wire, group=group, grad_clip=False)
+        if pp.dp == 1:  # a data-parallel group of one rank: what the engine still calls on it (nothing moves)
+            engine = [Call(op, x * wire.reduce_bytes(shape), 1) for x in wire.buckets(shape)
+                      for op in record.one_rank_calls]
+        calls += [c for c in engine for _ in range(pp.microbatches if c.op == "all_gather" else 1)]
+    calls += pp.p2p(rank)
+    if tie:
+        calls += [Call(op, tie, pp.size, span=pp.span, phase="after") for op in ("send", "recv")]
+    calls.append(Call("broadcast", 4, pp.size, span=pp.span, phase="after"))  # the loss, from the last stage
+    sizes = {"pp": pp.size, "dp": pp.dp}
+    if grad_clip:
+        calls += [Call("all_reduce", 4, sizes[d], phase="after") for dims in norm_dims for d in dims if sizes[d] > 1]
+    return calls
 
 
 def _tensor_parallel(record: Strategy, shape: ModelShape, wire: Wire, world: int, tp: TensorParallel,

@@ -10,20 +10,17 @@ is a row like any other.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from minidist import strategies
 from minidist.cli.config import Backend
-from minidist.compare.plan import STRATEGIES as PLANNED
-from minidist.cp.plan import check_degree as check_cp_degree
-from minidist.parallel.parallelize import check_context_parallel, check_tensor_parallel, cp_policy
+from minidist.compare.plan_table import PlanConfig, check_plan
+from minidist.compare.rows import check_rows
 from minidist.strategies.ddp import DDP_RECORD
 from minidist.strategies.schema import DType
-from minidist.tp.plan import check_degree
 
 REFERENCE = DDP_RECORD.name
 """The row whose bytes the others are shown as a multiple of (DDP's: the all_reduce every strategy is measured
@@ -103,58 +100,6 @@ class EstimateConfig:
     as at runtime (a group larger than a tabulated world is that whole world)."""
 
 
-@dataclass
-class PlanConfig:
-    """`--plan`: the layouts of a GPT that fit a cluster, ranked by projected step time (minidist.compare.plan)."""
-
-    params: Optional[float] = None
-    """The model by its parameter count (layers blocks of width sqrt(params / 12 layers)); null = model.*."""
-    layers: int = 32
-    """With params: its transformer blocks."""
-    global_batch: int = 512
-    """Sequences per optimizer step, over every replica."""
-    seq: int = 4096
-    """Tokens per sequence."""
-    cluster: Optional[str] = None
-    """A projection cluster's name (projection.clusters: GPUs per node, NIC bandwidth); null = the fields below."""
-    gpu: str = "h100"
-    """h100, h200 or a100: its dense peak FLOP/s (minidist.precision.PEAK_FLOPS) and its memory."""
-    gpus_per_node: int = 8
-    nodes: int = 16
-    nic_Gbps: float = 400.0
-    """NIC bandwidth per GPU, Gb/s."""
-    memory_GB: Optional[float] = None
-    """Device memory; null = the GPU's (h100 80, h200 141, a100 80)."""
-    precision: str = "bf16"
-    """fp32, bf16 or fp16 (bf16/fp16 with fp32 masters): bytes, memory and compute alike."""
-    efficiency: float = 0.5
-    """The share of the dense peak the kernels reach (compute time = FLOPs / (peak x efficiency))."""
-    strategies: list[str] = field(default_factory=lambda: list(PLANNED))
-    """The engines tried (minidist.compare.plan.STRATEGIES)."""
-    recompute: list[str] = field(default_factory=lambda: ["none", "full"])
-    top: int = 12
-    """Rows printed (the fastest)."""
-
-
-def check_plan(p, clusters) -> None:
-    """`--plan`'s settings; ValueError (one line) naming the key."""
-    from minidist.precision import PEAK_FLOPS
-
-    bad = [s for s in p.strategies if s not in PLANNED]
-    rules = [(p.precision in ("fp32", "bf16", "fp16"), f"plan.precision={p.precision!r}: choose fp32, bf16 or fp16"),
-             (p.gpu in PEAK_FLOPS, f"plan.gpu={p.gpu!r}: choose one of {', '.join(PEAK_FLOPS)}"),
-             (p.cluster is None or p.cluster in clusters,
-              f"plan.cluster={p.cluster!r}: choose one of {', '.join(clusters)} (projection.clusters) or null"),
-             (min(p.nodes, p.gpus_per_node, p.global_batch, p.seq, p.layers, p.top) >= 1,
-              "plan.nodes, gpus_per_node, global_batch, seq, layers and top must be >= 1"),
-             (0 < p.efficiency <= 1, f"plan.efficiency={p.efficiency} must be in (0, 1]"),
-             (not bad, f"plan.strategies: {', '.join(bad)} not planned; choose from {', '.join(PLANNED)}"),
-             (set(p.recompute) <= {"none", "full"} and p.recompute, "plan.recompute: a list of none and full")]
-    for ok, message in rules:
-        if not ok:
-            raise ValueError(message)
-
-
 def default_rows() -> list[str]:
     """The records' default rows, in the registry's order; the tensor-parallel ones last."""
     records = strategies.records()
@@ -178,9 +123,15 @@ class CompareConfig:
     dp = 1) or `full_shard+tp2` (at world 4, dp 2 x tp 2). T must divide the world and the
     model's heads and width; the preset's own sequence_parallel / vocab_parallel apply. Or
     `<strategy>+cp<C>` (context parallelism of degree C: the trainer's strategy.cp_size=C, the engine
-    over all N ranks, dp x cp), e.g. `ddp+cp2`; the preset's cp_chunking / cp_rotate apply.
+    over all N ranks, dp x cp), e.g. `ddp+cp2`; the preset's cp_chunking / cp_rotate apply. Or
+    `<strategy>+pp<P>` (pipeline parallelism of degree P: the trainer's strategy.pp_size=P with
+    trainer.microbatches=pp_microbatches, the engine over each stage's N / P data-parallel ranks), e.g.
+    `ddp+pp2` or `full_shard+pp2` (at world 4, dp 2 x pp 2); the preset's pp_schedule / pp_virtual apply.
     Default: every registered strategy's default rows (minidist.strategies); model=resnet18's: the
     rows without tensor parallelism (configs/compare_model/resnet18.yaml)."""
+    pp_microbatches: int = 4
+    """Micro-batches of every `+pp<P>` row (its trainer.microbatches): they divide its pipeline's P x
+    trainer.batch_size sequences; the bubble is (P-1)/(m+P-1) of the step for 1F1B and GPipe."""
     strategy_options: Any = field(default_factory=registered_options)
     """Every registered strategy but single, by name, on its schema (strategy_options.<name>.<key>=...)."""
     model: Any = MISSING
@@ -207,85 +158,9 @@ class CompareConfig:
     timeout_s: float = 300.0
 
 
-TP_ROW = re.compile(r"(?P<base>[a-z0-9_]+)\+tp(?P<tp>[0-9]+)")
-"""A tensor-parallel row of `strategies`: <strategy>+tp<T>."""
-
-
-CP_ROW = re.compile(r"(?P<base>[a-z0-9_]+)\+cp(?P<cp>[0-9]+)")
-"""A context-parallel row of `strategies`: <strategy>+cp<C>."""
-
-
-def parse_row(row: str) -> tuple[str, int]:
-    """(strategy, tensor-parallel degree) of a row of `strategies`: "full_shard+tp2" -> ("full_shard", 2),
-    "ddp+cp2" -> ("ddp", 1) (its cp degree: cp_degree)."""
-    m = TP_ROW.fullmatch(row) or CP_ROW.fullmatch(row)
-    return (m["base"], int(m.groupdict().get("tp") or 1)) if m else (row, 1)
-
-
-def cp_degree(row: str) -> int:
-    """The context-parallel degree of a row: C for `<strategy>+cp<C>`, else 1."""
-    m = CP_ROW.fullmatch(row)
-    return int(m["cp"]) if m else 1
-
-
-def row_strategy(cfg, row: str):
-    """The strategy config a row runs: strategy_options[<strategy>], with tp_size = T for `<strategy>+tp<T>`,
-    cp_size = C for `<strategy>+cp<C>`."""
-    (base, tp), cp = parse_row(row), cp_degree(row)
-    degrees = ({"tp_size": tp} if tp > 1 else {}) | ({"cp_size": cp} if cp > 1 else {})
-    return OmegaConf.merge(cfg.strategy_options[base], degrees) if degrees else cfg.strategy_options[base]
-
-
-def check_rows_world(cfg, world: int) -> None:
-    """Every tensor- and context-parallel degree divides the world; ValueError (one line naming `strategies`)."""
-    bad = [row for row in cfg.strategies if world % (parse_row(row)[1] * cp_degree(row))]
-    if bad:
-        keep = [row for row in cfg.strategies if row not in bad]
-        kinds = " or ".join(sorted({"cp" if cp_degree(row) > 1 else "tp" for row in bad}, reverse=True))
-        raise ValueError(f"strategies: {', '.join(bad)} need{'s' if len(bad) == 1 else ''} a world divisible by "
-                         f"its {kinds} degree, and this one has {world} rank{'s' if world > 1 else ''}; run at such a "
-                         f"world or leave {'it' if len(bad) == 1 else 'them'} out: "
-                         f"strategies=[{','.join(keep)}]")
-
-
-def _check_cp_row(cfg, row: str) -> None:
-    """A `<strategy>+cp<C>` row: a GPT without dropout whose block_size cuts into the chunks, an engine
-    over one data-parallel dimension (the record's own mesh rule at C ranks); one line naming the row."""
-    cp, so = cp_degree(row), row_strategy(cfg, row)
-    try:
-        check_context_parallel(cfg.model.name, cp, f"strategies: {row}", f"drop the +cp{cp} rows")
-        check_cp_degree(cfg.model, cp, cp_policy(so).chunking, setting=f"strategies: {row}'s cp", prefix="model.")
-        strategies.get(so.name).dims(so, cp, None)
-    except ValueError as exc:
-        msg = str(exc)
-        raise ValueError(msg if msg.startswith("strategies:") else f"strategies: {row}: {msg}") from None
-
-
 def check(cfg) -> None:
     """Rules the schema cannot express; raises ValueError (one line)."""
-    valid = list(cfg.strategy_options)
-    no_tp = [r.name for r in strategies.records() if r.comparable and not r.tp_rows]
-    rows = [parse_row(s) for s in cfg.strategies]
-    unknown = [s for s, (base, tp) in zip(cfg.strategies, rows)
-               if base not in valid or tp < 1 or TP_ROW.fullmatch(s) and (tp < 2 or base in no_tp)
-               or CP_ROW.fullmatch(s) and cp_degree(s) < 2]
-    if unknown or not cfg.strategies:
-        raise ValueError(f"strategies={list(cfg.strategies)}: {', '.join(unknown) or 'empty'} not valid; choose from "
-                         f"{', '.join(valid)}, or <strategy>+tp<T> (T >= 2; not {', '.join(no_tp)}), or "
-                         f"<strategy>+cp<C> (C >= 2)")
-    for key, example in (("tp_size", "tp2"), ("cp_size", "cp2")):
-        preset = sorted({base for base, _ in rows if cfg.strategy_options[base].get(key, 1) != 1})
-        if preset:
-            raise ValueError(f"strategy_options.{preset[0]}.{key} is set; leave it 1 and name the degree in "
-                             f"strategies, e.g. strategies=[{preset[0]}+{example}]")
-    for row in (r for r in cfg.strategies if cp_degree(r) > 1):
-        _check_cp_row(cfg, row)
-    for row, (base, tp) in zip(cfg.strategies, rows):
-        if tp > 1:
-            so = cfg.strategy_options[base]
-            check_tensor_parallel(cfg.model.name, tp, f"strategies: {row}", f"drop the +tp{tp} rows")
-            check_degree(cfg.model, tp, sequence_parallel=so.sequence_parallel, vocab_parallel=so.vocab_parallel,
-                         setting=f"strategies: {row}'s tp", prefix="model.")
+    check_rows(cfg)
     if cfg.steps < 1 or cfg.warmup_steps < 2:
         raise ValueError("steps must be >= 1 and warmup_steps >= 2: DDP rebuilds its buckets (a broadcast) in the "
                          "second step's forward, FSDP starts prefetching in the second step")

@@ -9,7 +9,8 @@ Per strategy, every rank, in this order:
              BatchStream; the same seed, weights and batches for every strategy (a
              tensor-parallel row, strategy.tp_size = T: each tp group shares T x
              trainer.batch_size sequences, so every row trains on the same global batch;
-             a context-parallel row, cp_size = C: each cp group C x, each rank its tokens)
+             a context-parallel row, cp_size = C: each cp group C x, each rank its tokens; a
+             pipeline row, pp_size = P: each pipeline P x, in cfg.pp_microbatches pieces)
   warm-up    cfg.warmup_steps untimed steps: DDP rebuilds its buckets after the first, FSDP
              records its unit order, AdamW allocates its state
   measured   cfg.steps steps of minidist.train.trainer.train_step, inside comm.trace() (bytes,
@@ -46,13 +47,10 @@ from minidist.precision import loss_scaler
 from minidist.compare import replay
 from minidist.compare.allocator import AllocatorPeak
 from minidist.compare.memory import MemoryLedger, roles_of
-from minidist.compare.profile import model_shape
-from minidist.mesh import CP, DP, TP, Layout, data_parallel_mesh
-from minidist.strategies import contract
+from minidist.compare.composed import context_parallel, pipeline, tensor_parallel
+from minidist.mesh import CP, PP, TP, Layout, data_parallel_mesh
 from minidist.strategies.single import SINGLE
-from minidist.tp import parallelize_gpt
 from minidist.train.data import BatchStream
-from minidist.clip import dims_of
 from minidist.parallel.parallelize import (build_layout, build_optimizer, local_batch, local_world, optimizer_class,
                                            parallelize, precision_policy)
 from minidist.train.preemption import PreemptionWatch
@@ -97,7 +95,10 @@ class Bench:
 
     def __init__(self, cfg, strategy_cfg, topo: Topology, train_ds, plain: bool = False):
         self.topo, self.strategy_cfg = topo, strategy_cfg
-        self.cfg = OmegaConf.merge(cfg, {"trainer": {"log_interval": 2**31 - 1}})  # the trainer traces nothing itself
+        pp = 1 if plain else strategy_cfg.get("pp_size", 1)
+        self.microbatches = cfg.pp_microbatches if pp > 1 else 1  # a pipeline's trainer.microbatches
+        self.cfg = OmegaConf.merge(cfg, {"trainer": {"log_interval": 2**31 - 1,  # the trainer traces nothing itself
+                                                     "microbatches": self.microbatches}})
         self.layout = Layout(data_parallel_mesh(topo)) if plain else build_layout(strategy_cfg, topo)
         torch.manual_seed(cfg.trainer.seed)
         task = make_task(cfg.model)
@@ -108,10 +109,11 @@ class Bench:
             self.model, self.optimizer = model, cls(model.parameters(), **kwargs)
         else:
             policy = precision_policy(cfg.trainer, strategy_cfg)
-            self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy)
+            self.model = parallelize(model, self.layout, strategy_cfg, self.blocks, policy, self.microbatches)
             self.optimizer = build_optimizer(self.model, self.layout, strategy_cfg, cfg.optim, policy)
         self.task = Phased(task)
-        self.batch = cfg.trainer.batch_size * self.tp_size * self.layout.size(CP)  # the same global batch every row
+        shared = self.tp_size * self.layout.size(CP) * self.layout.size(PP)  # ranks that share one batch
+        self.batch = cfg.trainer.batch_size * shared  # the same global batch every row
         stream = BatchStream(train_ds, self.batch, self.layout.dp_rank, self.layout.dp_size, cfg.trainer.seed)
         fp16 = cfg.trainer.precision.value == "fp16" and not plain  # the plain step needs no loss scale to be timed
         scaler = loss_scaler("fp16" if fp16 else "fp32", topo.device.type)
@@ -137,7 +139,16 @@ class Bench:
     def bucket_numels(self) -> list[int]:
         """The gradient buckets as the engine built them (sizes only: nothing is allocated), as the strategy's
         record reads them: DDP's reducer's, or ZeRO's (its flat partitions padded to N); none for FSDP."""
+        if self.layout.size(PP) > 1:  # each stage's engine its own (minidist.parallel.pipeline)
+            return [n for s in self.model.stages for n in self.run.strategy.buckets(s.runner, self.optimizer)]
         return self.run.strategy.buckets(self.model, self.optimizer)
+
+    def timeline(self, t0: float) -> list[list] | None:
+        """The pipeline's record of its last step (Pipeline.timeline: compute actions and waits for messages),
+        [what, start, end] in seconds since t0; None without a pipeline."""
+        if self.layout.size(PP) == 1:
+            return None
+        return [[what, a - t0, b - t0] for what, a, b in self.model.pipeline.timeline]
 
 
 def _phases(task: Phased, steps: list[tuple[float, float]], t0: float) -> list[list]:
@@ -166,13 +177,14 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
     for _ in range(cfg.warmup_steps):
         bench.step(), plain.step()
     gloo = topo.backend == "gloo"
-    steps, baseline = [], []
+    steps, baseline, timelines = [], [], []
     phase(PHASES[1])
     with (comm.kernel_io.written() if gloo else contextlib.nullcontext()) as written, comm.trace() as tr:
         for i in range(cfg.steps):  # alternating, each first in turn: load drifts hit both alike
             for b in ((bench, plain) if i % 2 == 0 else (plain, bench)):
                 dist.barrier()  # torch's own: not traced; the kernel's count is corrected below
                 (steps if b is bench else baseline).append(b.step())
+            timelines.append(bench.timeline(t0))
     last = [r for r in tr.records if r.issued_s >= steps[-1][0]]
     phase(PHASES[2])
     alone = replay.replay(last, tr.groups, topo.device, cfg.replay_repeats)
@@ -185,7 +197,7 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
            "baseline": {"steps": [[a - t0, b - t0] for a, b in baseline], "phases": _phases(plain.task, baseline, t0)},
            "kernel_bytes": written.bytes - cfg.steps * written.barrier_pair if gloo else None,
            "alone": alone, "bucket_numels": bench.bucket_numels(), "tp": tensor_parallel(cfg, bench),
-           "cp": context_parallel(bench)}
+           "cp": context_parallel(bench), "pp": pipeline(bench, timelines)}
     del bench, plain, tr
     if cfg.memory:
         phase(PHASES[3])
@@ -195,41 +207,6 @@ def measure_strategy(cfg, strategy_cfg, topo: Topology, train_ds, t0: float, row
 
 
 _MAIN = threading.main_thread().ident
-
-
-def tensor_parallel(cfg, bench: Bench) -> dict | None:
-    """What the row's tensor parallelism looks like on this rank (None without it): its degree and
-    switches, the sliced model's parameters (what the data-parallel engine wraps: each rank's
-    slices, built on the meta device over the same tp mesh), and the groups the clip's norm sums
-    over (minidist.parallel.parallelize.clip_grad_norm_: one key per set of dimensions that split a
-    parameter, read from the parameters' own declarations; ZeRO's sharded gradients add "dp")."""
-    layout = bench.layout
-    if bench.tp_size == 1:
-        return None
-    so = bench.strategy_cfg
-    with torch.device("meta"):
-        model, blocks = make_task(cfg.model).build()
-    model = parallelize_gpt(model, layout[TP], sequence_parallel=so.sequence_parallel, vocab_parallel=so.vocab_parallel)
-    sliced = model_shape(model, blocks)
-    if bench.run.strategy.optimizer_engine is contract.ShardedOptimizerState:
-        also = (DP,) if bench.optimizer.grad_pieces()[1] else ()
-        keys = {dims_of(p, also) for p in bench.optimizer.parameters_in_order}
-    else:
-        keys = {dims_of(p) for p in bench.model.parameters()}
-    return {"size": bench.tp_size, "dp": layout.dp_size, "batch": bench.batch,
-            "sequence_parallel": bool(so.sequence_parallel), "vocab_parallel": bool(so.vocab_parallel),
-            "param_numels": list(sliced.param_numels), "param_units": list(sliced.param_units),
-            "unit_param_rows": [list(map(list, u)) for u in sliced.unit_param_rows],
-            "norm_dims": sorted(list(k) for k in keys)}
-
-
-def context_parallel(bench: Bench) -> dict | None:
-    """The row's context parallelism (None without it): its degree, how keys and values travel, and the
-    sequences a cp group shares (each rank holds 1/C of their tokens)."""
-    size = bench.layout.size(CP)
-    if size == 1:
-        return None
-    return {"size": size, "rotate": bench.strategy_cfg.cp_rotate, "batch": bench.batch}
 
 
 def _records(tr: comm.Trace, t0: float, strategy: str) -> list[dict]:
@@ -257,9 +234,10 @@ def measure_memory(cfg, strategy_cfg, topo: Topology, train_ds) -> dict:
             ledger = MemoryLedger(roles_of(bench.model, bench.optimizer))
             with peak.window(), ledger:
                 start, end = bench.step()
-        snap, edges = ledger.peak, bench.task.edges[-1]
+        snap, edges = ledger.peak, bench.task.edges[-1] if bench.task.edges else None
         del bench, ledger
         gc.collect()
-    phase = ("forward" if snap.time < edges[1] else "backward" if snap.time < (edges[3] or end) else "optimizer")
+    phase = ("-" if edges is None  # a pipeline's phases interleave (its micro-batches' forwards and backwards)
+             else "forward" if snap.time < edges[1] else "backward" if snap.time < (edges[3] or end) else "optimizer")
     return {"allocator": peak.bytes, "allocator_peaks": peak.peaks, "allocator_at_start": peak.at_start,
             "instrument": peak.instrument, "ledger": snap.total, "by_role": snap.by_role, "where": phase}

@@ -15,7 +15,8 @@ Every number comes from the one place that owns it:
              sized by pricing.bucket_bytes; exposed after overlap as the projection's rule says (forward
              calls behind forward compute, backward calls behind the backward they can overlap, ZeRO's
              exchange after the step and TP's behind nothing)
-  bubble     1F1B's (p-1)/(m+p-1) (minidist.pp.cost.bubble), m = micro-batches per replica
+  bubble     1F1B's (p-1)/(m+p-1) (minidist.pp.cost.bubble), m = micro-batches per replica, on the last
+             stage's time (its blocks and the head: unequal stages, _stages)
   cp         the ring's bytes per layer (minidist.cp.cost.layer_bytes) over NVLink (or the NIC beyond a
              node), hidden behind each ring step's attention block where that is longer
   compute    model FLOPs 6 psi + 6 L s h per token (causal attention: half of 12 L s h), x 4/3 with
@@ -26,8 +27,12 @@ Every number comes from the one place that owns it:
 Gradient accumulation: a replica's B / dp sequences run as m micro-batches of `micro_batch`; data
 parallelism reduces once per step (behind the last micro-batch's backward), FSDP (zero_stage 3)
 gathers and reduces every micro-batch. Not modelled: TP's and CP's compute inefficiency at small
-slices, pipeline stages' unequal layers (the root's embedding and head sit on one stage), NVLS/SHARP
-in-network reduction, overlap of TP's calls (Megatron's), interleaved schedules.
+slices, the head computed whole by every tp rank without vocab_parallel, NVLS/SHARP in-network
+reduction, overlap of TP's calls (Megatron's), interleaved schedules, the host's own work.
+
+On this machine (minidist.compare.hardware: gloo's calibrated alpha and beta, the GPT's emulated FLOP/s
+as the peak) the planned order of step times is the measured one, each within 25%, and every planned
+peak within 5% of torch's allocator, pipeline and context parallelism included (recipes.plan_check).
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ from dataclasses import dataclass, fields as fields_of, replace
 from functools import lru_cache
 
 from minidist import strategies
-from minidist.comm.nccl_graphs import HopperNode
 from minidist.compare import pricing
 from minidist.compare.analytic import TensorParallel, plan as plan_calls
+from minidist.compare.hardware import GB, Hardware
 from minidist.cp.cost import layer_bytes
 from minidist.footprint import OptimizerModel
 from minidist.memory.activations import GPTShape, Parallelism, activation_bytes
@@ -53,8 +58,6 @@ from minidist.strategies.ddp import DDP_RECORD
 from minidist.strategies.fsdp import FULL_SHARD, HYBRID_SHARD
 from minidist.strategies.zero import ZERO1, ZERO2
 
-GB = 1e9
-DEVICE_GB = {"h100": 80.0, "h200": 141.0, "a100": 80.0}
 STRATEGIES = tuple(r.name for r in (DDP_RECORD, ZERO1, ZERO2, FULL_SHARD, HYBRID_SHARD))
 """The engines a plan tries, one per ZeRO stage and HSDP (their records: minidist.strategies)."""
 ROLES = ("parameters", "gradients", "optimizer", "buffers", "activations")
@@ -98,29 +101,6 @@ class GPTModel:
 
 
 @dataclass(frozen=True)
-class Hardware:
-    """A cluster: `nodes` of `gpus_per_node` GPUs of one type, a NIC of nic_Gbps per GPU (NCCL's model of an
-    HGX node: minidist.comm.nccl_graphs.HopperNode; an A100's NVLink taken as Hopper's)."""
-
-    gpu: str = "h100"
-    gpus_per_node: int = 8
-    nodes: int = 1
-    nic_Gbps: float = 400.0
-    memory_GB: float | None = None
-
-    @property
-    def gpus(self) -> int:
-        return self.gpus_per_node * self.nodes
-
-    @property
-    def device_GB(self) -> float:
-        return self.memory_GB or DEVICE_GB[self.gpu]
-
-    def node(self) -> HopperNode:
-        return HopperNode(name=self.gpu, gpus=self.gpus_per_node, nic_GBps=self.nic_Gbps / 8)
-
-
-@dataclass(frozen=True)
 class Layout:
     dp: int
     tp: int = 1
@@ -149,7 +129,7 @@ def _engine_of(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, 
     record = strategies.get(lay.strategy)
     world = lay.dp * lay.cp  # cp ranks hold the same weights: their gradients are reduced with dp's
     fields = {"bucket_cap_mb": pricing.bucket_bytes(hw.node(), world) / pricing.MIB} \
-        if any(f.name == "bucket_cap_mb" for f in fields_of(record.schema)) else {}
+        if hw.link is None and any(f.name == "bucket_cap_mb" for f in fields_of(record.schema)) else {}
     cfg = record.preset(**fields)
     group = record.state_group(cfg, world, max(1, hw.gpus_per_node // (lay.tp * lay.cp)))
     shape = model.shape(seq, lay.tp, lay.pp, lay.tp > 1 and lay.sequence_parallel, precision.compute_bytes)
@@ -161,7 +141,8 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     """Peak bytes per GPU by role (ROLES, and "total", "where"): the most of three instants.
 
     backward's start   states (no gradients yet) + the engine's holdings before its first gradient
-                       + every activation + the loss's fp32 gradient (b s V / t)
+                       + every activation + the loss's fp32 gradient (b s V / t); a pipeline stage's first
+                       gradient and its boundary tensors instead (_backward_start)
     after the head     the engine's first bucket allocated, the head's and loss's saved tensors freed
     optimizer          states + gradients + the engine's buffers and the optimizer's temporaries
     States: the record's (p, g, K of the precision) over its state group; the engine's transient
@@ -175,20 +156,20 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     sp = vp = lay.tp > 1 and lay.sequence_parallel
     acts = activation_bytes(GPTShape(lay.micro_batch, seq, model.hidden, model.heads, model.layers, model.vocab), p,
                             Parallelism(lay.tp, sp, vp, lay.recompute, lay.pp, lay.cp))
-    loss_grad = lay.micro_batch * seq // lay.cp * model.vocab / (lay.tp if vp else 1) * 4
+    first_grad, boundary = _backward_start(model, lay, seq, e, acts)
 
     def held_bytes(h, before: bool) -> dict[str, float]:
         b = dict(h.before_grads if before and h.before_grads is not None else h.bytes)
-        return {"gradients": b.get("gradients", 0), "buffers": b.get("buffers", 0) + b.get("other", 0)}
+        return {"gradients": b.get("gradients", 0), "buffers": b.get("buffers", 0) + b.get("other", 0) + boundary}
 
     base = {"parameters": states["parameters"], "optimizer": states["optimizer"]}
     backward = [h for h in rows if h.at.phase == "backward"] or rows
     first = backward[0]
     during = max((held_bytes(h, False) for h in backward), key=lambda b: sum(b.values()))
-    instants = [("backward's start", base | held_bytes(first, True) | {"activations": acts.total + loss_grad}),
+    instants = [("backward's start", base | held_bytes(first, True) | {"activations": acts.total + first_grad}),
                 ("after the head's backward", base | during
-                 | {"activations": acts.total - acts.head + loss_grad + acts.recompute_transient})]
-    for h in (h for h in rows if h.at.phase in ("post_backward", "optimizer")):
+                 | {"activations": acts.total - acts.head + first_grad + acts.recompute_transient})]
+    for h in (h for h in rows if h.at.phase in ("post_backward", "optimizer")):  # (boundary: pp's freed by then)
         grads = shape.psi * e if h.plain_grads is None else sum(shape.unit_numels[u] for u in h.plain_grads) * e
         roles = held_bytes(h, False)
         roles["gradients"] += grads
@@ -197,20 +178,38 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     return roles | {"total": sum(roles.values()), "where": where}
 
 
+def _backward_start(model: GPTModel, lay: Layout, seq: int, e: int, acts) -> tuple[float, float]:
+    """(the first gradient a backward allocates, a pipeline stage's boundary tensors) in bytes. The last stage (and
+    a model without pp) starts with the loss's fp32 gradient of the logits, b s V / t, and holds the activation it
+    received and the gradient it sends (2 b s h e); a first stage binding the peak (1F1B: p micro-batches in flight,
+    acts.head = 0) starts inside the last block's MLP (its 4h-wide gradient, the one arriving and the one leaving)
+    and holds each in-flight micro-batch's output, which its backward starts from, and the gradient received."""
+    sp = lay.tp > 1 and lay.sequence_parallel
+    tokens = lay.micro_batch * seq // lay.cp
+    loss_grad = tokens * model.vocab / (lay.tp if sp else 1) * 4
+    boundary = tokens * model.hidden * e / (lay.tp if sp else 1)  # b s h e: one activation between stages
+    if lay.pp == 1:
+        return loss_grad, 0.0
+    if acts.head == 0:
+        return tokens * 4 * model.hidden * e / lay.tp + 2 * boundary, (lay.pp + 1) * boundary
+    return loss_grad, 2 * boundary
+
+
 def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: RunPrecision | str, hw: Hardware,
          efficiency: float = 0.5) -> dict:
     """Projected step time and its parts (module docstring), seconds."""
     p = RunPrecision(precision) if isinstance(precision, str) else precision
     record, cfg, world, group, shape = _engine(model, lay, seq, p, hw)
-    node, e, peak = hw.node(), p.compute_bytes, p.peak_flops(hw.gpu)
+    e, peak = p.compute_bytes, hw.peak(p)
     m = global_batch // (lay.dp * lay.micro_batch)  # micro-batches per replica
     tokens = global_batch * seq / hw.gpus  # per GPU, as MFU counts them
     model_flops = (6 * model.psi(seq) + 6 * model.layers * seq * model.hidden) * tokens
     compute = model_flops * (4 / 3 if lay.recompute == "full" else 1) / (peak * efficiency)
     fwd = compute / (4 if lay.recompute == "full" else 3)  # a backward is two forwards; recompute adds one
     bwd = compute - fwd
-    wire = Wire.even_buckets(shape.psi, int(cfg.bucket_cap_mb * pricing.MIB), e, e) if "bucket_cap_mb" in cfg \
-        else Wire(itemsize=e)
+    cap = cfg.get("bucket_cap_mb")  # null on the link: the engine's default, DDP's 25 MiB
+    wire = Wire.even_buckets(shape.psi, int(cap * pricing.MIB) if cap else pricing.DEFAULT_BUCKET, e, e) \
+        if "bucket_cap_mb" in cfg else Wire(itemsize=e)
     tp = None
     if lay.tp > 1:
         stage = types.SimpleNamespace(n_layer=model.layers // lay.pp, n_embd=model.hidden)
@@ -220,8 +219,8 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
     calls = plan_calls(record, shape, lay.tp * world, wire, group=group, grad_clip=True, tp=tp)
     dp_calls = [c for c in calls if c.phase != "critical"]
     per_mb = record.zero_stage == 3  # FSDP gathers and reduces every micro-batch
-    dp = pricing.price(node, dp_calls)
-    crit = pricing.price(node, [c for c in calls if c.phase == "critical"])
+    dp = hw.price(dp_calls)
+    crit = hw.price([c for c in calls if c.phase == "critical"])
     reps = m if per_mb else 1
     window = 1 if per_mb else m  # DP's reduction hides behind the last micro-batch's backward only
     exposed_dp = (max(0.0, reps * dp["forward"] - fwd) + max(0.0, reps * dp["backward"] - bwd / window)
@@ -230,14 +229,26 @@ def step(model: GPTModel, lay: Layout, seq: int, global_batch: int, precision: R
     bub = pp_bubble("1f1b", lay.pp, m) if lay.pp > 1 else 0.0
     pp_s = _pp_p2p(model, lay, seq, e, hw, m, compute / m) if lay.pp > 1 else 0.0
     cp_s = _cp_exposed(model, lay, seq, e, hw, peak * efficiency) * m if lay.cp > 1 else 0.0
-    busy = compute + tp_s + cp_s
-    step_s = busy / (1 - bub) + exposed_dp + pp_s
+    comm = tp_s + cp_s
+    piped = _stages(compute, model.vocab * model.hidden / (model.psi(seq) + model.layers * seq * model.hidden),
+                    lay.pp, m)
+    step_s = piped + comm / (1 - bub) + exposed_dp + pp_s
     lat = reps * dp["latency_s"] + m * crit["latency_s"]
     bw = reps * dp["bandwidth_s"] + m * crit["bandwidth_s"]
     return {"step_s": step_s, "compute_s": compute, "exposed_dp_s": exposed_dp, "tp_s": tp_s, "cp_s": cp_s,
-            "pp_p2p_s": pp_s, "bubble": bub, "bubble_s": busy * bub / (1 - bub), "microbatches": m,
+            "pp_p2p_s": pp_s, "bubble": bub, "bubble_s": piped - compute + comm * bub / (1 - bub), "microbatches": m,
             "mfu": model_flops / (step_s * peak), "bound": pricing.bound(lat, bw), "latency_share": lat / (lat + bw)
             if lat + bw else 0.0, "bucket_MiB": cfg.get("bucket_cap_mb")}
+
+
+def _stages(compute: float, head_share: float, p: int, m: int) -> float:
+    """Seconds of 1F1B's compute over m micro-batches: the last stage's (its blocks and the head, a head_share
+    of the model's FLOPs) m times, then the others' once each (fill and drain): C_last + (p - 1) C_mid / m, for
+    C / (1 - bubble) with equal stages. The first stage's embedding is a lookup: no FLOPs."""
+    if p == 1:
+        return compute
+    head = head_share * p * compute  # the replica's head, all on the last stage
+    return compute + head * (p - 1) / p + (p - 1) * (compute - head / p) / m
 
 
 def _pp_p2p(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, m: int, per_microbatch: float) -> float:
@@ -245,20 +256,19 @@ def _pp_p2p(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, m: int
     more than one node some boundary crosses) or NVLink: the fill and drain's 2 (p - 1) on the critical
     path, and in the steady state each micro-batch's two (forward and backward) where longer than its compute."""
     nbytes = lay.micro_batch * seq // lay.cp * model.hidden * e / lay.tp
-    cross = hw.nodes > 1
-    one = nbytes / ((hw.nic_Gbps / 8 if cross else hw.node().nvlink_GBps) * GB) + (10e-6 if cross else 3e-6)
+    one = hw.send_s(nbytes, cross=hw.nodes > 1)
     return 2 * (lay.pp - 1) * one + m * max(0.0, 2 * one - per_microbatch)
 
 
 def _cp_exposed(model: GPTModel, lay: Layout, seq: int, e: int, hw: Hardware, flops: float) -> float:
-    """Per micro-batch: each ring step's k, v block transfer not covered by that step's attention block."""
+    """Per micro-batch: each ring step's k, v block transfer (one send: NVLink inside a node, the NIC beyond,
+    or the calibrated link) not covered by that step's attention block."""
     fwd_bytes, bwd_bytes = layer_bytes(lay.micro_batch, seq, model.hidden // lay.tp, lay.cp, element_size=e)
     steps = lay.cp - 1
-    inside = lay.tp * lay.cp <= hw.gpus_per_node
-    bw = (hw.node().nvlink_GBps if inside else hw.nic_Gbps / 8) * GB
+    cross = lay.tp * lay.cp > hw.gpus_per_node
     block_flops = 4 * lay.micro_batch * (seq / lay.cp) ** 2 * model.hidden / lay.tp / 2  # causal: about half
-    per_layer = sum(max(0.0, b / steps / bw - k * block_flops / flops) * steps for b, k in ((fwd_bytes, 1),
-                                                                                             (bwd_bytes, 2)))
+    per_layer = sum(max(0.0, hw.send_s(b / steps, cross) - k * block_flops / flops) * steps
+                    for b, k in ((fwd_bytes, 1), (bwd_bytes, 2)))
     return per_layer * model.layers / lay.pp
 
 

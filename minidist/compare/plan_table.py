@@ -1,4 +1,5 @@
-"""The planner's output: one line per layout that fits, fastest first, each with one line of why.
+"""`--plan`: its settings (PlanConfig, the comparison's plan.*) and its output, one line per layout that fits,
+fastest first, each with one line of why.
 
     print(from_config(cfg))          # python -m recipes.compare --plan [plan.* overrides]
 
@@ -7,12 +8,67 @@ The numbers are minidist.compare.plan's; this module only words and arranges the
 
 from __future__ import annotations
 
-from minidist.compare.plan import GB, ROLES, GPTModel, Hardware, plan
+from dataclasses import dataclass, field
+from typing import Optional
+
+from minidist.compare.plan import GB, ROLES, STRATEGIES as PLANNED, GPTModel, Hardware, plan
 from minidist.precision import RunPrecision
 
 
+@dataclass
+class PlanConfig:
+    """`--plan`: the layouts of a GPT that fit a cluster, ranked by projected step time (minidist.compare.plan)."""
+
+    params: Optional[float] = None
+    """The model by its parameter count (layers blocks of width sqrt(params / 12 layers)); null = model.*."""
+    layers: int = 32
+    """With params: its transformer blocks."""
+    global_batch: int = 512
+    """Sequences per optimizer step, over every replica."""
+    seq: int = 4096
+    """Tokens per sequence."""
+    cluster: Optional[str] = None
+    """A projection cluster's name (projection.clusters: GPUs per node, NIC bandwidth); null = the fields below."""
+    gpu: str = "h100"
+    """h100, h200 or a100: its dense peak FLOP/s (minidist.precision.PEAK_FLOPS) and its memory."""
+    gpus_per_node: int = 8
+    nodes: int = 16
+    nic_Gbps: float = 400.0
+    """NIC bandwidth per GPU, Gb/s."""
+    memory_GB: Optional[float] = None
+    """Device memory; null = the GPU's (h100 80, h200 141, a100 80)."""
+    precision: str = "bf16"
+    """fp32, bf16 or fp16 (bf16/fp16 with fp32 masters): bytes, memory and compute alike."""
+    efficiency: float = 0.5
+    """The share of the dense peak the kernels reach (compute time = FLOPs / (peak x efficiency))."""
+    strategies: list[str] = field(default_factory=lambda: list(PLANNED))
+    """The engines tried (minidist.compare.plan.STRATEGIES)."""
+    recompute: list[str] = field(default_factory=lambda: ["none", "full"])
+    top: int = 12
+    """Rows printed (the fastest)."""
+
+
+def check_plan(p, clusters) -> None:
+    """`--plan`'s settings; ValueError (one line) naming the key."""
+    from minidist.precision import PEAK_FLOPS
+
+    bad = [s for s in p.strategies if s not in PLANNED]
+    rules = [(p.precision in ("fp32", "bf16", "fp16"), f"plan.precision={p.precision!r}: choose fp32, bf16 or fp16"),
+             (p.gpu in PEAK_FLOPS, f"plan.gpu={p.gpu!r}: choose one of {', '.join(PEAK_FLOPS)}"),
+             (p.cluster is None or p.cluster in clusters,
+              f"plan.cluster={p.cluster!r}: choose one of {', '.join(clusters)} (projection.clusters) or null"),
+             (min(p.nodes, p.gpus_per_node, p.global_batch, p.seq, p.layers, p.top) >= 1,
+              "plan.nodes, gpus_per_node, global_batch, seq, layers and top must be >= 1"),
+             (0 < p.efficiency <= 1, f"plan.efficiency={p.efficiency} must be in (0, 1]"),
+             (not bad, f"plan.strategies: {', '.join(bad)} not planned; choose from {', '.join(PLANNED)}"),
+             (set(p.recompute) <= {"none", "full"} and p.recompute, "plan.recompute: a list of none and full")]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
+
+
 def from_config(cfg) -> str:
-    """The table for cfg.plan (minidist.compare.config.PlanConfig): the model of plan.params or model.*, the
+    """The table for cfg.plan (PlanConfig): the model of plan.params or model.*, the
     cluster of plan.cluster (a projection cluster: its GPUs per node and NIC share) or of plan.*."""
     p = cfg.plan
     model = GPTModel.of_params(p.params, p.layers) if p.params else GPTModel.of_config(cfg.model)

@@ -1,10 +1,12 @@
-"""The comparison as one PNG: bytes, memory and time per strategy, each measured beside its prediction."""
+"""The comparison as PNGs: bytes, memory and time per strategy, each measured beside its prediction
+(draw_comparison); communication per step at many ranks (draw_projection)."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
+from minidist.compare.projection import Cluster
 from minidist.footprint import ROLES
 
 MB, MIB = 1e6, 2 ** 20
@@ -86,6 +88,56 @@ def draw_comparison(rows: list[dict], path: Path, title: str) -> Path:
         if ax.get_legend_handles_labels()[0]:  # memory=false draws no memory panel content
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.suptitle("\n".join(textwrap.wrap(title, 200)), fontsize=9)  # the header: one line at 2+ ranks
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw_projection(rows: list[dict], clusters: list[Cluster], path: Path, devices_GB: list[float]) -> Path:
+    """The projection (minidist.compare.projection.project's rows): a panel per (model, cluster), comm per step
+    vs ranks per strategy (NCCL's choice), compute windows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys((r["model"], r["cluster"]) for r in rows))
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    by_name = {c.name: c for c in clusters}
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4.0 * nrows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (model, cname) in zip(axes.flat, panels):
+        mine = [r for r in rows if (r["model"], r["cluster"]) == (model, cname)]
+        drawn: dict[tuple, str] = {}
+        for k, strategy in enumerate(strategies):
+            rs = [r for r in mine if r["strategy"] == strategy]
+            series = tuple((r["ranks"], round(r["comm_s"], 12)) for r in rs)
+            twin = drawn.setdefault(series, strategy)  # the same calls (zero1, zero2): dashed over the first
+            ax.plot([r["ranks"] for r in rs], [r["comm_s"] * 1e3 for r in rs], "-o" if twin == strategy else "--o",
+                    ms=3, color=colors[k % 10], label=strategy if twin == strategy else f"{strategy} (= {twin})",
+                    mfc=None if twin == strategy else "none")
+            bad = [r for r in rs if r["memory_GB"] is not None and not r[f"fits_{devices_GB[0]:g}GB"]]
+            if bad:
+                ax.plot([r["ranks"] for r in bad], [r["comm_s"] * 1e3 for r in bad], "x", ms=8, color=colors[k % 10])
+        ax.axhline(mine[0]["backward_s"] * 1e3, color="black", lw=0.8, ls="--", label="backward compute")
+        ax.axhline((mine[0]["forward_s"] + mine[0]["backward_s"]) * 1e3, color="black", lw=0.8, ls=":",
+                   label="forward + backward")
+        c = by_name[cname]
+        if c.gpus_per_node > 1:  # between G and 2G ranks on the log axis
+            ax.axvline(c.gpus_per_node * 2 ** 0.5, color="gray", lw=1.0, ls="-.",
+                       label=f"leaves the node (> {c.gpus_per_node} ranks)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{model} on {cname}" + (f"\n{c.label}" if c.label else ""), fontsize=8)
+        ax.set_xlabel("ranks", fontsize=8)
+        ax.set_ylabel("communication ms / step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="best", title_fontsize=6,
+                  title=f"x: > {devices_GB[0]:g} GB per rank" if any(r["memory_GB"] for r in mine) else None)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -30,6 +30,7 @@ from collections import Counter
 from functools import lru_cache
 
 from minidist.comm import nccl
+from minidist.comm.cost import CostModel
 from minidist.comm.nccl_graphs import HopperNode
 from minidist.strategies import Call
 
@@ -81,6 +82,22 @@ def price(node: HopperNode, calls: list[Call], algorithms: tuple[str, ...] = ncc
         out[call.phase] += k * c.seconds
         out["latency_s"] += k * c.latency_s
         out["bandwidth_s"] += k * (c.seconds - c.latency_s)
+    return out
+
+
+def price_link(link: CostModel, calls: list[Call]) -> dict[str, float]:
+    """price() on a calibrated alpha-beta link (minidist.comm.calibrate: this machine's gloo) instead of NCCL's
+    model: each call by the ring formula (CostModel.predict), gloo's reduce_scatter as the all_reduce of the
+    whole tensor it runs inside (twice the bytes), latency = the alpha terms."""
+    out = dict.fromkeys(("forward", "backward", "after", "critical", "latency_s", "bandwidth_s"), 0.0)
+    for call, k in Counter(calls).items():
+        if call.group_size <= 1:
+            continue
+        op = "all_reduce" if call.op == "reduce_scatter" else call.op
+        seconds, latency = link.predict(op, int(call.payload), call.group_size), link.predict(op, 0, call.group_size)
+        out[call.phase] += k * seconds
+        out["latency_s"] += k * latency
+        out["bandwidth_s"] += k * (seconds - latency)
     return out
 
 

@@ -44,6 +44,15 @@ has no send/recv; a ring step waits for its slowest hop, the one that leaves the
 spans nodes). A receive costs nothing of its own: its bytes are the matching send's. The ring's
 calls are critical (the attention of a layer waits for its last block), as TP's.
 
+Pipeline rows (`<strategy>+pp<P>`): P stages on the outermost ranks, so a pipeline spans all N ranks
+and its hops leave the node once N > G; the strategy runs over each stage's D = N / P ranks on the
+stage's 1/P of the layers (its gathers once per micro-batch, minidist.compare.analytic.pipeline_calls).
+The messages (one micro-batch's activation, (b/m) s h e, a hop each) pay the fill and drain, 2 (P-1)
+hops on the critical path, and in the steady state what each micro-batch's two hops take beyond its
+compute (as the planner, minidist.compare.plan); the bubble, (P-1)/(m+P-1) of the step for 1F1B
+(minidist.pp.cost.bubble), is priced as time: compute x bubble / (1 - bubble) (bubble_s), not as
+communication. Memory: the planner's stage (its layers' states, 1F1B's in-flight micro-batches).
+
 Verdict, per strategy: the calls issued in forward can hide behind forward compute, those of
 backward behind backward compute, those after backward (ZeRO's parameter exchange at its default,
 overlap_param_gather off; the clip) behind nothing (nothing overlaps them with the next forward),
@@ -65,14 +74,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from minidist import strategies
 from minidist.comm import nccl
 from minidist.comm.nccl_graphs import HopperNode
 from minidist.compare import pricing
-from minidist.compare.analytic import ContextParallel, TensorParallel, plan
+from minidist.compare.analytic import ContextParallel, PipelineParallel, TensorParallel, pipeline_calls, plan
 from minidist.shape import ModelShape
 from minidist.strategies import Call, Wire
 
@@ -125,6 +133,8 @@ class Subject:
     """Tensor-parallel rows (`<strategy>+tp<T>`): TP's calls; its dp is set per rank count."""
     cp: dict[str, ContextParallel] = field(default_factory=dict)
     """Context-parallel rows (`<strategy>+cp<C>`): the ring's messages per rank and step."""
+    pp: dict[str, PipelineParallel] = field(default_factory=dict)
+    """Pipeline rows (`<strategy>+pp<P>`): the pipeline, its dp set per rank count; shapes[row] is a stage's."""
     bucket_rule: bool = False
     """On a cluster with NCCL's model: DDP's and ZeRO's buckets sized by pricing.bucket_bytes at each rank count
     (equal buckets of the model's size), not the wire's."""
@@ -195,7 +205,7 @@ def _hop_time(c: Cluster, call: Call) -> float:
 
 def step_comm(c: Cluster, calls: list[Call], algorithm: str = "auto") -> dict[str, float]:
     """Seconds of communication per phase of the step (forward, backward, after, critical), back to back."""
-    out = {"forward": 0.0, "backward": 0.0, "after": 0.0, "critical": 0.0}
+    out = {"forward": 0.0, "backward": 0.0, "after": 0.0, "critical": 0.0, "pipeline": 0.0}
     for call in calls:
         out[call.phase] += call_time(c, call, algorithm)
     return out
@@ -209,30 +219,37 @@ def project(subjects: list[Subject], clusters: list[Cluster], strategies: list[s
     for subj in subjects:
         for c in (by_name[n] for n in subj.clusters if n in by_name):
             for strategy in strategies:
-                tp, cp = subj.tp.get(strategy), subj.cp.get(strategy)
-                rows += [_row(subj, c, strategy, n, devices_GB) for n in ranks
-                         if n % ((tp.size if tp else 1) * (cp.size if cp else 1)) == 0]
+                size = math.prod(d.size for d in (subj.tp.get(strategy), subj.cp.get(strategy),
+                                                  subj.pp.get(strategy)) if d is not None)
+                rows += [_row(subj, c, strategy, n, devices_GB) for n in ranks if n % size == 0]
     return rows
 
 
 def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[float]) -> dict:
-    tp = subj.tp.get(strategy)
+    tp, pp = subj.tp.get(strategy), subj.pp.get(strategy)
     if tp is not None:  # T consecutive ranks (a node's while T <= G), the strategy over the N / T others
         tp = dataclasses.replace(tp, dp=n // tp.size)
+    if pp is not None:  # P stages outermost, the strategy over each stage's N / P ranks
+        pp = dataclasses.replace(pp, dp=n // pp.size)
     record = strategies.get(strategy.partition("+")[0])
     group = record.state_group(subj.options.get(strategy) or record.preset(), n, subj.local_world or c.gpus_per_node)
     wire = subj.wires.get(strategy, Wire())
     if subj.bucket_rule and c.node is not None and wire.bucket_numels:  # the bucket rule at this rank count
-        dp = n // (tp.size if tp else 1)
+        dp = n // (tp.size if tp else 1) // (pp.size if pp else 1)
         wire = Wire.even_buckets(subj.shapes[strategy].psi, pricing.bucket_bytes(c.node, dp), wire.reduce_bytes(
             subj.shapes[strategy]), wire.gather_itemsize)
-    calls = plan(record, subj.shapes[strategy], n, wire, group=group, tp=tp)
+    if pp is not None:  # the first stage's rank: its engine's calls, its messages, the tie, the loss, the clip
+        calls = pipeline_calls(record, [(subj.shapes[strategy], wire)], pp, 0, group=group, norm_dims=[["pp"], ["dp", "pp"]])
+    else:
+        calls = plan(record, subj.shapes[strategy], n, wire, group=group, tp=tp)
     cp = subj.cp.get(strategy)
     calls += cp.calls() if cp is not None else []  # C consecutive ranks: the group spans C
     t = step_comm(c, calls)
     latency = sum(call_time(c, dataclasses.replace(x, payload=0)) for x in calls)
+    compute = subj.forward_s + subj.backward_s
+    pipe = _pipeline(c, pp, compute) if pp is not None else {"pp_p2p_s": 0.0, "bubble": 0.0, "bubble_s": 0.0}
     exposed = (max(0.0, t["forward"] - subj.forward_s) + max(0.0, t["backward"] - subj.backward_s) + t["after"]
-               + t["critical"])
+               + t["critical"] + pipe["pp_p2p_s"])
     mem = subj.memory(strategy, n, group) if subj.memory else None
     return {"model": subj.name, "cluster": c.name, "strategy": strategy, "ranks": n, "comm_s": sum(t.values()),
             "comm_ring_s": sum(step_comm(c, calls, "ring").values()), **{f"comm_{k}_s": v for k, v in t.items()},
@@ -242,7 +259,18 @@ def _row(subj: Subject, c: Cluster, strategy: str, n: int, devices_GB: list[floa
             "comm_err_s": comm_error(c, latency, sum(t.values())),
             "bucket_MiB": max(wire.bucket_numels, default=0) * wire.reduce_bytes(subj.shapes[strategy]) / 2 ** 20,
             "leaves_node": any(_place(c, x)[0] > 1 for x in calls), "memory_GB": None if mem is None else mem / 1e9,
+            **pipe,
             **{f"fits_{g:g}GB": None if mem is None else mem / 1e9 <= g for g in devices_GB}}
+
+
+def _pipeline(c: Cluster, pp: PipelineParallel, compute_s: float) -> dict[str, float]:
+    """A pipeline's exposed messages (module docstring: the fill and drain's 2 (P-1) hops, and each micro-batch's
+    two hops beyond its compute) and its bubble, as a share and as seconds of the step."""
+    hop = _hop_time(c, Call("send", pp.message, pp.size, span=pp.span))
+    per_microbatch = compute_s / pp.microbatches
+    bubble = pp.bubble()
+    return {"pp_p2p_s": 2 * (pp.size - 1) * hop + pp.microbatches * max(0.0, 2 * hop - per_microbatch),
+            "bubble": bubble, "bubble_s": compute_s * bubble / (1 - bubble)}
 
 
 def verdicts(rows: list[dict], devices_GB: list[float]) -> list[str]:
@@ -264,55 +292,8 @@ def verdicts(rows: list[dict], devices_GB: list[float]) -> list[str]:
             if mem:
                 fits = [next((str(r["ranks"]) for r in rs if r[f"fits_{g:g}GB"]), "-") for g in devices_GB]
                 line += f"{last['memory_GB']:>14.1f}  {'/'.join(fits)}"
+            if last["bubble"]:
+                line += f"  bubble {last['bubble']:.2f}: {last['bubble_s'] * 1e3:.1f} ms"
             lines.append(line)
         out.append("\n".join(lines))
     return out
-
-
-def draw_png(rows: list[dict], clusters: list[Cluster], path: Path, devices_GB: list[float]) -> Path:
-    """A panel per (model, cluster): comm per step vs ranks per strategy (NCCL's choice), compute windows."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = list(dict.fromkeys((r["model"], r["cluster"]) for r in rows))
-    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-    by_name = {c.name: c for c in clusters}
-    cols = min(3, len(panels))
-    nrows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4.0 * nrows), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (model, cname) in zip(axes.flat, panels):
-        mine = [r for r in rows if (r["model"], r["cluster"]) == (model, cname)]
-        drawn: dict[tuple, str] = {}
-        for k, strategy in enumerate(strategies):
-            rs = [r for r in mine if r["strategy"] == strategy]
-            series = tuple((r["ranks"], round(r["comm_s"], 12)) for r in rs)
-            twin = drawn.setdefault(series, strategy)  # the same calls (zero1, zero2): dashed over the first
-            ax.plot([r["ranks"] for r in rs], [r["comm_s"] * 1e3 for r in rs], "-o" if twin == strategy else "--o",
-                    ms=3, color=colors[k % 10], label=strategy if twin == strategy else f"{strategy} (= {twin})",
-                    mfc=None if twin == strategy else "none")
-            bad = [r for r in rs if r["memory_GB"] is not None and not r[f"fits_{devices_GB[0]:g}GB"]]
-            if bad:
-                ax.plot([r["ranks"] for r in bad], [r["comm_s"] * 1e3 for r in bad], "x", ms=8, color=colors[k % 10])
-        ax.axhline(mine[0]["backward_s"] * 1e3, color="black", lw=0.8, ls="--", label="backward compute")
-        ax.axhline((mine[0]["forward_s"] + mine[0]["backward_s"]) * 1e3, color="black", lw=0.8, ls=":",
-                   label="forward + backward")
-        c = by_name[cname]
-        if c.gpus_per_node > 1:  # between G and 2G ranks on the log axis
-            ax.axvline(c.gpus_per_node * 2 ** 0.5, color="gray", lw=1.0, ls="-.",
-                       label=f"leaves the node (> {c.gpus_per_node} ranks)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"{model} on {cname}" + (f"\n{c.label}" if c.label else ""), fontsize=8)
-        ax.set_xlabel("ranks", fontsize=8)
-        ax.set_ylabel("communication ms / step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, loc="best", title_fontsize=6,
-                  title=f"x: > {devices_GB[0]:g} GB per rank" if any(r["memory_GB"] for r in mine) else None)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

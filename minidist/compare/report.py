@@ -38,7 +38,10 @@ def _ms(s: dict) -> str:
 
 
 def _calls(r: dict) -> str:
-    return " ".join(f"{OP_ABBREV.get(op, op)}{n:g}" for op, n in sorted(r["calls"].items())) or "-"
+    """Calls per step by op; sends and receives together as P2P (a pipeline's or a ring's messages)."""
+    calls = {OP_ABBREV.get(op, op): n for op, n in r["calls"].items() if op not in ("send", "recv")}
+    p2p = sum(n for op, n in r["calls"].items() if op in ("send", "recv"))
+    return " ".join(f"{op}{n:g}" for op, n in sorted(calls.items()) + ([("P2P", p2p)] if p2p else [])) or "-"
 
 
 def _mem(r: dict, key: str, role: str | None = None) -> str:
@@ -49,6 +52,12 @@ def _mem(r: dict, key: str, role: str | None = None) -> str:
         m = m.get("estimate")
         return "not estimated" if m is None else f"{(m['by_role'][role] if role else m['total']) / MIB:.2f}"
     return f"{(m['by_role'][role] if role else m[key]) / MIB:.2f}"
+
+
+def _bubble(r: dict) -> str:
+    """A pipeline row's measured bubble and (p-1)/(m+p-1) (or its schedule's formula) beside it; "-" otherwise."""
+    b = (r.get("pp") or {}).get("bubble")
+    return "-" if b is None else f"{b['measured']:.2f} ({b['formula']:.2f})"
 
 
 def _bw(r: dict, which: str) -> str:
@@ -78,6 +87,7 @@ TIME: list[Column] = [
     ("a-b ms", lambda r, d: f"{r['time']['predicted'] * 1e3:.1f}"),
     ("a-b error", lambda r, d: _pct(r["time"]["predicted_error"])),
     ("blocked ms", lambda r, d: f"{r['time']['blocked'] * 1e3:.1f}"),
+    ("bubble (formula)", lambda r, d: _bubble(r)),
 ]
 TIME_MORE: list[Column] = [
     ("strategy", lambda r, d: r["strategy"]),
@@ -108,7 +118,7 @@ TABLES = {"communication per step and rank (mean over ranks)": COMMUNICATION,
           "bandwidth of each collective alone (nccl-tests' algbw and busbw)": BANDWIDTH}
 LEGENDS = {
     "communication per step and rank (mean over ranks)":
-        "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast. ring: the ring formula's bytes "
+        "calls: AR all_reduce, AG all_gather, RS reduce_scatter, BC broadcast, P2P point-to-point sends and receives. ring: the ring formula's bytes "
         "(minidist.comm.trace) of the calls the trace recorded, a formula, not a measurement (a broadcast is sent by "
         "N-1 of N ranks, S(N-1)/N on average; kernel is the measurement); wire: the same for the collective "
         "the backend really runs (gloo's own reduce_scatter is an all_reduce); kernel: what the kernel counted this "
@@ -118,14 +128,19 @@ LEGENDS = {
         "row <strategy>+tp<T>: TP's term, L blocks of width h, b sequences of s tokens per tp group, e bytes per "
         "element, plus the strategy's over a rank's slices S_T and the D = N / T data-parallel ranks; a "
         "context-parallel row <strategy>+cp<C>: the ring's term (minidist.cp.cost), b sequences of s tokens per cp "
-        "group, plus the strategy's over all N ranks); x DDP: "
+        "group, plus the strategy's over all N ranks; a pipeline row <strategy>+pp<P>: its point-to-point "
+        "messages, 2bshe(P-1)/P for b sequences of s tokens per pipeline, plus the strategy's over a stage's S_P and "
+        "its D = N / P data-parallel ranks); x DDP: "
         "ring bytes over DDP's.",
     "time per step (median [interquartile range] of the measured steps)":
         "step: the trainer's step, the slowest rank; plain: the same step of the plain model (no wrapper, no "
         "communication); overhead: step - plain; alone: the step's collectives run alone, one at a time; hidden: "
         "1 - overhead / alone (minidist.comm.trace.hidden_share; below 0 when the engine's own work costs more "
         "than the communication it hides); a-b: the alpha-beta ring prediction with the calibrated alpha and beta, "
-        "its error against alone; blocked: main-thread time inside collective calls and waits.",
+        "its error against alone; blocked: main-thread time inside collective calls and waits; bubble: a pipeline "
+        "row's share of the step its ranks spend not computing, measured from the runtime's own timeline "
+        "(Pipeline.timeline: 1 - compute / (P x span), the median over steps), beside its schedule's formula "
+        "(minidist.pp.cost.bubble: (P-1)/(m+P-1) for 1F1B and GPipe, m = pp_microbatches).",
     "peak memory per rank (the rank with the largest)":
         "peak: the allocator's peak, the higher of two steps (the instrument is named in the header); estimate: "
         "minidist.compare.estimate, nothing run (not estimated for tensor-parallel rows: the engines' "
@@ -160,9 +175,12 @@ def notes(rows: list[dict]) -> list[str]:
 
 
 def _short_formula(r: dict) -> str:
-    """The formula cell as printed: a tensor- (context-) parallel row's TP (CP) term so (its note spells it out)."""
-    short = r["closed_form"].replace(r["tp"]["term"], "TP") if r.get("tp") else r["closed_form"]
-    return short.replace(r["cp"]["term"], "CP") if r.get("cp") else short
+    """The formula cell as printed: a tensor- (context-, pipeline-) parallel row's TP (CP, PP) term so (its note
+    spells it out)."""
+    short = r["closed_form"]
+    for dim in ("tp", "cp", "pp"):
+        short = short.replace(r[dim]["term"], dim.upper()) if r.get(dim) else short
+    return short
 
 
 def terminal(rows: list[dict], ddp: float) -> str:

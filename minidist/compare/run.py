@@ -23,9 +23,10 @@ from omegaconf import OmegaConf
 
 from minidist import Topology, comm, strategies
 from minidist.compare import at_scale, plots, projection, report as rep, timeline
-from minidist.compare.analysis import context_parallel_of, strategy_row, tensor_parallel_of
+from minidist.compare.analysis import context_parallel_of, pipeline_of, stage_shape, strategy_row, tensor_parallel_of
 from minidist.compare.analytic import plan, ring_bytes
-from minidist.compare.config import REFERENCE, check_rows_world, parse_row, row_strategy
+from minidist.compare.config import REFERENCE
+from minidist.compare.rows import Row, check_rows_world, row_strategy
 from minidist.compare.estimate import estimate_memory
 from minidist.compare.measure import measure_strategy
 from minidist.compare.plan import GPTModel, Hardware, Layout, memory as plan_memory
@@ -153,7 +154,8 @@ def report(cfg, run_dir: Path, per_strategy: list[list[dict]], cost: comm.CostMo
         "psi": shape.psi})
     files += [plots.draw_comparison(rows, run_dir / "comparison.png", header.splitlines()[-1]),
               run_dir / "timeline.json", timeline.draw_png(raws, run_dir / "timeline.png"),
-              run_dir / "projection.csv", projection.draw_png(proj_rows, clusters, run_dir / "projection.png", devices)]
+              run_dir / "projection.csv", plots.draw_projection(proj_rows, clusters, run_dir / "projection.png",
+                                                                       devices)]
     wrap = lambda text: "\n".join(textwrap.wrap(text, 120))  # noqa: E731
     print("\n\n".join([wrap(header.splitlines()[0].lstrip("# ")), wrap(header.splitlines()[-1]),
                        rep.terminal(rows, ddp_bytes),
@@ -177,18 +179,21 @@ def _projection(cfg, rows: list[dict], per_strategy, shape: ModelShape, cost: co
     r0 = per_strategy[0][0]
     reference = next((raws[0]["bucket_numels"] for raws in per_strategy if raws[0]["strategy"] == REFERENCE), ())
     measured = {raws[0]["strategy"]: tensor_parallel_of(raws[0], shape, cfg) for raws in per_strategy}
+    stages = {raws[0]["strategy"]: stage_shape(raws[0], shape.itemsize) for raws in per_strategy if raws[0]["pp"]}
     options = {s: row_strategy(cfg, s) for s in names}
     here = projection.Subject(
-        f"{shape.psi / 1e6:.1f}M (this machine)", {s: measured[s][0] for s in names}, phases.get("forward", 0.0),
-        phases.get("backward", 0.0), None, ("calibrated",), r0["local_world"],
-        {s: measured[s][1] if measured[s][2] else Wire(tuple(reference)) for s in names}, options,
-        {s: tp for s, (_, _, tp) in measured.items() if tp is not None},
+        f"{shape.psi / 1e6:.1f}M (this machine)", {s: stages[s][0] if s in stages else measured[s][0] for s in names},
+        phases.get("forward", 0.0), phases.get("backward", 0.0), None, ("calibrated",), r0["local_world"],
+        {s: stages[s][1] if s in stages else measured[s][1] if measured[s][2] else Wire(tuple(reference))
+         for s in names}, options, {s: tp for s, (_, _, tp) in measured.items() if tp is not None},
         cp={raws[0]["strategy"]: context_parallel_of(raws[0], cfg, shape.itemsize)
-            for raws in per_strategy if raws[0].get("cp")})
+            for raws in per_strategy if raws[0].get("cp")},
+        pp={raws[0]["strategy"]: pipeline_of(raws[0], cfg, shape.itemsize) for raws in per_strategy if raws[0]["pp"]})
     link = ([projection.calibrated(cost.alpha, cost.beta, cost.alpha_err, cost.beta_err, cost.cov, cost.residual)]
             if r0["world"] > 1 else [])  # none at world 1
     clusters = link + at_scale.gpu_clusters(p)
-    return projection.project([here, at_scale.subject(p, names, options)], clusters, names, list(p.ranks),
+    return projection.project([here, at_scale.subject(p, names, options, cfg.pp_microbatches)], clusters, names,
+                              list(p.ranks),
                               list(p.devices_GB)), clusters
 
 
@@ -205,8 +210,8 @@ def estimate_table(cfg) -> str:
              f"(K = {k} bytes/param); in brackets ZeRO's model states alone, (p + g + K) psi family",
              f"{'strategy':<14}" + "".join(f"{'N=' + str(n):>20}" for n in e.worlds)]
     for name in cfg.strategies:
-        if parse_row(name)[1] > 1:  # by the planner's formula (the profile knows no tensor parallelism)
-            lines.append(f"{name:<14}" + "".join(f"{c:>20}" for c in _tp_cells(cfg, name, dtype)))
+        if Row.parse(name).dim:  # by the planner's formula (the profile knows no tp, cp or pp)
+            lines.append(f"{name:<14}" + "".join(f"{c:>20}" for c in _formula_cells(cfg, name, dtype)))
             continue
         so, record = cfg.strategy_options[name], strategies.get(name)
         cells = []
@@ -220,17 +225,19 @@ def estimate_table(cfg) -> str:
     return "\n".join(lines)
 
 
-def _tp_cells(cfg, row: str, dtype: torch.dtype) -> list[str]:
-    """A tensor-parallel row's peak per rank by the planner's formula (minidist.compare.plan.memory: the record's
-    states over the sliced model, its engine's buffers, the activations of the tp group's T x batch sequences;
-    within 5% of the allocator at 4 processes: tests/compare/test_plan.py), MiB; "-" where T does not divide
+def _formula_cells(cfg, row: str, dtype: torch.dtype) -> list[str]:
+    """A tp, cp or pp row's peak per rank by the planner's formula (minidist.compare.plan.memory: the record's states
+    over a rank's slices of its stage, its engine's buffers, the activations of the T x C x P x batch sequences its
+    group shares, a pipeline's in m = pp_microbatches micro-batches of which 1F1B holds P in flight; within 5% of
+    the allocator for tp at 4 processes: tests/compare/test_plan.py), MiB; "-" where the degree does not divide
     the world. The formula knows minidist's GPT trained in fp32 with AdamW only."""
-    strategy, t = parse_row(row)
+    r = Row.parse(row)
     if cfg.model.name != "gpt" or dtype != torch.float32 or cfg.optim.name != "adamw":
         return ["not estimated"] * len(cfg.estimate.worlds)
-    e, so, model = cfg.estimate, cfg.strategy_options[strategy], GPTModel.of_config(cfg.model)
-    lays = {n: Layout(n // t, t, strategy=strategy, micro_batch=cfg.trainer.batch_size * t,
-                      sequence_parallel=bool(so.sequence_parallel)) for n in e.worlds if n % t == 0}
+    e, so, model = cfg.estimate, cfg.strategy_options[r.base], GPTModel.of_config(cfg.model)
+    batch = cfg.trainer.batch_size * r.size // (cfg.pp_microbatches if r.pp > 1 else 1)
+    lays = {n: Layout(n // r.size, r.tp, r.pp, r.cp, strategy=r.base, micro_batch=batch,
+                      sequence_parallel=bool(so.sequence_parallel)) for n in e.worlds if n % r.size == 0}
     hw = Hardware(gpus_per_node=e.gpus_per_node)
     peak = {n: plan_memory(model, lay, cfg.model.block_size, "fp32", hw, device=e.device)["total"]
             for n, lay in lays.items()}
@@ -247,15 +254,17 @@ def _paper_table(cfg) -> str:
              f"{' with fp32 masters' if run.name != 'fp32' else ''} (p = {p}, g = {g}, K = {k} bytes per "
              f"parameter); ZeRO's formulas, no activations (--plan adds them)",
              f"{'strategy':<14}{'formula':>26}" + "".join(f"{'N=' + str(n):>10}" for n in e.worlds)]
-    for row in cfg.strategies:  # a tensor-parallel row: a rank's slices, psi / T, over the N / T others
-        (name, t), so = parse_row(row), row_strategy(cfg, row)
-        record = strategies.get(name)
-        groups = [record.state_group(so, n, e.gpus_per_node) for n in e.worlds]
-        cells = [f"{record.model_state_bytes(e.params / t, group, p, g, k)['total'] / 1e9:.1f}" if n % t == 0 else "-"
-                 for n, group in zip(e.worlds, groups)]
+    for row in cfg.strategies:  # a tp (pp) row: a rank's slices (stage), psi / T (/ P), over the N / T (/ P) others
+        r, so = Row.parse(row), row_strategy(cfg, row)
+        record, split = strategies.get(r.base), r.tp * r.pp
+        groups = [record.state_group(so, n, e.gpus_per_node) if n % r.size == 0 else 0 for n in e.worlds]  # / T, / P
+        cells = [f"{record.model_state_bytes(e.params / split, group, p, g, k)['total'] / 1e9:.1f}" if group else "-"
+                 for group in groups]
         formula = record.states_formula
-        formula = formula if t == 1 else formula.replace("psi", "psi/T").replace("/N", "/D")
+        formula = formula if split == 1 else formula.replace("psi", f"psi/{r.dim.upper()[0]}").replace("/N", "/D")
         lines.append(f"{row:<14}{formula:>26}" + "".join(f"{c:>10}" for c in cells))
-    if any(parse_row(row)[1] > 1 for row in cfg.strategies):
+    if any(Row.parse(row).tp > 1 for row in cfg.strategies):
         lines.append("<strategy>+tp<T>: a rank's slices, psi/T (the embeddings' share ignored), over D = N / T ranks")
+    if any(Row.parse(row).pp > 1 for row in cfg.strategies):
+        lines.append("<strategy>+pp<P>: a rank's stage, psi/P (the embeddings' share ignored), over D = N / P ranks")
     return "\n".join(lines)

@@ -6,7 +6,10 @@
 Layout of the trace: one process per rank (pid = rank, named "rank r"); thread "compute"
 (tid 0) holds each step, inside it forward / backward / optimizer, inside those every wait of the
 main thread on a collective (on its Work or its future: minidist.comm.trace), and between the
-strategy's steps the plain model's (the no-communication baseline they alternate with); threads "comm", "comm 2", ... (tid 1, 2, ...) hold every collective from issue to
+strategy's steps the plain model's (the no-communication baseline they alternate with); a pipeline
+row has no forward / backward / optimizer phases (its micro-batches interleave them): its compute
+thread holds the pipeline runtime's own record of each action (F0, B0, ... and each wait for a
+message: Pipeline.timeline) instead; threads "comm", "comm 2", ... (tid 1, 2, ...) hold every collective from issue to
 completion, a new lane whenever one is issued before the previous one finished (the format
 wants the slices of one thread nested, and async collectives overlap). Complete events
 (ph "X"), microseconds since the barrier that started the comparison; the ranks' clocks are
@@ -60,7 +63,16 @@ def _compute_events(raw: dict, pid: int) -> list[dict]:
     events += [_x("wait", "wait", pid, 0, start, end, {"strategy": strategy}) for start, end in raw["main_waits"]]
     events += [_x(f"plain {phase}", "baseline", pid, 0, start, end, {"strategy": strategy, "step": step})
                for phase, step, start, end in raw.get("baseline", {}).get("phases", [])]
+    events += [_x(what, "pipeline", pid, 0, start, end, {"strategy": strategy, "step": step, "kind": kind})
+               for what, kind, step, start, end in pipeline_actions(raw)]
     return events
+
+
+def pipeline_actions(raw: dict) -> list[tuple[str, str, int, float, float]]:
+    """A pipeline row's (label, kind, step, start, end) per action of its measured steps (the runtime's timeline):
+    kind "forward" (F), "backward" (B, BI, BW) or "wait" (for a message); none for any other row."""
+    return [(what, "wait" if what == "wait" else "forward" if what.startswith("F") else "backward", step, a, b)
+            for step, tl in enumerate((raw.get("pp") or {}).get("timelines", [])) for what, a, b in tl]
 
 
 def _comm_events(raw: dict, pid: int) -> tuple[list[dict], int]:
@@ -127,6 +139,9 @@ def _draw_rank(ax, raw: dict, t0: float, y: float) -> None:
         ax.broken_barh([(ms(start), ms(end) - ms(start))], (y + 1.05, 0.7), color=PHASE_COLORS[phase])
     plain = [(ms(a), ms(b) - ms(a)) for _, _, a, b in raw.get("baseline", {}).get("phases", [])]
     ax.broken_barh(plain, (y + 1.05, 0.7), color=PLAIN_COLOR)
+    for _, kind, _, start, end in pipeline_actions(raw):  # a pipeline's actions; its waits as the main thread's
+        ax.broken_barh([(ms(start), ms(end) - ms(start))], (y + 1.05, 0.7 if kind != "wait" else 0.25),
+                       color=PHASE_COLORS.get(kind, "black"))
     waits = [(ms(a), ms(b) - ms(a)) for a, b in raw["main_waits"]]
     ax.broken_barh(waits, (y + 1.05, 0.25), color="black")
     for r in raw["records"]:

@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from minidist.models import emulated
+
 
 @dataclass
 class GPTConfig:
@@ -44,6 +46,10 @@ class GPTConfig:
     """Recompute each Block's activations in backward instead of keeping them (non-reentrant
     torch.utils.checkpoint around every Block call): activation memory of a block falls to its
     input, for one more forward of every block per step."""
+    emulate_flops_per_s: float = 0.0
+    """> 0: every matmul also sleeps its FLOPs at this rate, forward and 2 x backward (minidist.models.emulated),
+    so that a step's time is FLOPs / rate as on an accelerator; 0: off. Attention is counted on the keys the
+    rank holds (under context parallelism, its own chunk's: the ring's other blocks are not emulated)."""
 
 
 class CausalSelfAttention(nn.Module):
@@ -63,14 +69,19 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.attend = CausalAttention(cfg.dropout)
+        self.width, self.emulate = cfg.n_embd, cfg.emulate_flops_per_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, kernel = emulated.begin(x, self.emulate)
         qkv = self.qkv(x)  # (batch, time, 3 * heads * head_dim)
         b, t, _ = qkv.shape  # t from qkv: under sequence parallelism x holds 1/tp of the sequence, qkv all of it
         # (b, t, heads * head_dim) -> (b, heads, t, head_dim)
         q, k, v = (z.view(b, t, self.n_head, self.head_dim).transpose(1, 2) for z in qkv.chunk(3, dim=2))
         y = self.attend(q, k, v)
-        return self.proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+        y = self.proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+        local = self.n_head * self.head_dim  # this rank's heads' width (h / tp)
+        # qkv and proj: 2 b t h (3 + 1) h_local; causal q k^T and a v: 2 x 2 b t (t / 2) h_local
+        return emulated.end(y, kernel, 8 * b * t * self.width * local + 2 * b * t * t * local, x)
 
 
 class CausalAttention(nn.Module):
@@ -95,9 +106,13 @@ class MLP(nn.Module):
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
+        self.width, self.emulate = cfg.n_embd, cfg.emulate_flops_per_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x))))
+        x, kernel = emulated.begin(x, self.emulate)
+        hidden = self.fc(x)  # (b, t, 4 h_local): under sequence parallelism t is the whole sequence
+        y = self.drop(self.proj(F.gelu(hidden)))
+        return emulated.end(y, kernel, 4 * hidden.numel() * self.width, x)  # fc and proj: 2 x 2 b t h 4h_local
 
 
 class Block(nn.Module):
@@ -113,6 +128,14 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+
+def head_logits(cfg: GPTConfig, ln_f: nn.Module, lm_head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The final norm and the (tied) head: logits of this rank's vocabulary, 2 b t h V_local FLOPs (the
+    pipeline's last stage calls it too, minidist.pp.stage)."""
+    x, kernel = emulated.begin(x, cfg.emulate_flops_per_s)
+    logits = lm_head(ln_f(x))
+    return emulated.end(logits, kernel, 2 * logits.numel() * cfg.n_embd, x)
 
 
 class GPT(nn.Module):
@@ -151,7 +174,7 @@ class GPT(nn.Module):
         recompute = self.cfg.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-        logits = self.lm_head(self.ln_f(x))
+        logits = head_logits(self.cfg, self.ln_f, self.lm_head, x)
         loss = None
         if targets is not None:
             loss = self.criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from minidist.models.gpt import GPT
+from minidist.models.gpt import GPT, head_logits
 from minidist.sharding import shard_param
 
 PP = "pp"
@@ -114,7 +114,7 @@ class GPTStage(nn.Module):
         recompute = self.cfg.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks.values():
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-        return self.lm_head(self.ln_f(x)) if self.last else x
+        return head_logits(self.cfg, self.ln_f, self.lm_head, x) if self.last else x
 
 
 class GPTLoss:

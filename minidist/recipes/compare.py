@@ -34,7 +34,8 @@ def compose(args: list[str], config_dir: str | None = None,
 
     from minidist import runtime, strategies
     from minidist.cli.compose import ConfigError, compose_config
-    from minidist.compare.config import CompareConfig, check, check_rows_world, parse_row
+    from minidist.compare.config import CompareConfig, check
+    from minidist.compare.rows import Row, check_rows_world
 
     ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
     cfg = compose_config(args, config_name="compare", config_dir=config_dir)
@@ -46,7 +47,7 @@ def compose(args: list[str], config_dir: str | None = None,
         check(cfg)
         if world_size is not None:  # each tensor-parallel degree against the world (one line naming `strategies`)
             check_rows_world(cfg, world_size)
-        for name in dict.fromkeys(parse_row(row)[0] for row in cfg.strategies):  # each strategy's own rules
+        for name in dict.fromkeys(Row.parse(row).base for row in cfg.strategies):  # each strategy's own rules
             key, options = f"strategy_options.{name}", cfg.strategy_options[name]
             if estimate:  # a group larger than a tabulated world is that whole world (minidist.compare.run)
                 e = cfg.estimate

@@ -9,25 +9,10 @@ emulate compute the same way).
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn as nn
 
-
-class EmulatedCompute(torch.autograd.Function):
-    """Identity that sleeps `seconds` in forward and twice that in backward (backward ~ 2x forward)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, seconds: float) -> torch.Tensor:
-        ctx.seconds = seconds
-        time.sleep(seconds)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        time.sleep(2 * ctx.seconds)
-        return grad, None
+from minidist.models.emulated import EmulatedCompute  # identity; sleeps s forward, 2 s backward
 
 
 class Layer(nn.Module):

@@ -8,7 +8,7 @@ import pytest
 
 from minidist.cli.compose import ConfigError
 from minidist.compare.analytic import ContextParallel, calls_by_op, closed_form, ring_bytes
-from minidist.compare.config import cp_degree, parse_row
+from minidist.compare.rows import Row
 from minidist.cp import Rotate, cost
 from minidist.models.gpt import GPTConfig
 from tests.compare.test_tp_rows import SMALL
@@ -26,8 +26,7 @@ def test_a_bad_cp_row_is_one_line_naming_strategies():
         with pytest.raises(ConfigError) as info:
             compose(SMALL + argv, world=(world, world))
         assert "\n" not in str(info.value) and expect in str(info.value), str(info.value)
-    assert parse_row("full_shard+cp2") == ("full_shard", 1) and cp_degree("full_shard+cp2") == 2
-    assert cp_degree("ddp+tp2") == 1
+    assert Row.parse("full_shard+cp2") == Row("full_shard", cp=2) and Row.parse("ddp+tp2").cp == 1
     assert compose(SMALL + ["strategies=[ddp,ddp+cp2]"], world=(2, 2)).strategies == ["ddp", "ddp+cp2"]
 
 
@@ -50,7 +49,7 @@ def test_the_projection_prices_the_ring_of_a_cp_row():
     does, and has no row where 2 does not divide N. At the same tokens per rank its memory is its plain row's (each
     rank holds as many tokens; what cp buys is sequences C times longer), within 0.1%."""
     from minidist.compare import at_scale, projection
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from minidist.recipes.compare import compose
 
     names = ["ddp", "ddp+cp2"]

@@ -12,16 +12,20 @@ import types
 
 import pytest
 
+from minidist import pp
 from minidist.comm import kernel_io
+from minidist.compare.report import terminal
 from minidist.cp import cost
 from tests.compare.test_measure import STRATEGIES, TINY, WORLD_2, compare_rows
 
 pytestmark = pytest.mark.skipif(not kernel_io.available(), reason="needs Linux /proc/self/io")
 ENGINES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "full_shard+tp2", "ddp+cp2",
-           "full_shard+cp2"]
+           "full_shard+cp2", "ddp+pp2", "full_shard+pp2"]
 """At N = 4 full_shard+tp2 is dp 2 x tp 2: TP's all_reduces and FSDP's calls on the slices (compare/analytic.py);
 ddp+cp2 and full_shard+cp2 are dp 2 x cp 2: the ring's messages (minidist.cp.cost) and the engine's calls over
-all 4 ranks."""
+all 4 ranks; ddp+pp2 and full_shard+pp2 are dp 2 x pp 2 (1F1B, m = 4): the pipeline's messages (minidist.pp.cost)
+and each stage's engine over its 2 data-parallel ranks (the first and last stage send different bytes: per rank,
+the stages differ; the mean over ranks is checked)."""
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -40,7 +44,7 @@ def test_kernel_and_trace_agree_within_1_percent(run_dist, world):
         assert b["trace"] == pytest.approx(b["formula"]), row["strategy"]  # TP (CP) rows too: tp.cost (cp.cost) + FSDP's
         assert b["wire"] == b["trace"], row["strategy"]  # on gloo minidist's ring reduce_scatter: no extra bytes
         assert abs(b["kernel"] / b["trace"] - 1) <= 0.01, (row["strategy"], world, b["kernel"], b["trace"])
-        if row["strategy"] != "zero1_broadcast":
+        if row["strategy"] != "zero1_broadcast" and not row["pp"]:
             for k in b["kernel_per_rank"]:
                 assert abs(k / b["trace"] - 1) <= 0.01, (row["strategy"], world, b["kernel_per_rank"], b["trace"])
     kernel = {r["strategy"]: r["bytes"]["kernel"] for r in rows}
@@ -53,3 +57,20 @@ def test_kernel_and_trace_agree_within_1_percent(run_dist, world):
         assert by["ddp+cp2"]["bytes"]["formula"] - by["ddp"]["bytes"]["formula"] == pytest.approx(ring)
         assert by["ddp+cp2"]["closed_form"] == "6Lbshe(C-1)/C + 2S(N-1)/N"
         assert kernel["ddp+cp2"] - kernel["ddp"] == pytest.approx(ring, rel=0.02)  # and the kernel saw them
+        _check_pipeline_rows(per_strategy, rows)
+
+
+def _check_pipeline_rows(per_strategy, rows) -> None:
+    """The pipeline's messages as traced: minidist.pp.cost's 2 m (b/m) s h e per boundary (16 sequences of 32 tokens
+    of width 64 per pipeline, m = 4) plus the tied embedding's gradient to its twin (its copy on each end); the
+    bubble measured from the runtime's timeline printed beside (P-1)/(m+P-1) = 0.20."""
+    sched = pp.build("1f1b", 2, 4)
+    for raws, row in zip(per_strategy, rows):
+        if not row["pp"]:
+            continue
+        sent = sum(r["sent_bytes"] for raw in raws for r in raw["records"] if r["op"] == "send") / len(raws)
+        ties = sum(raw["pp"]["tie_bytes"] for raw in raws) / len(raws)
+        assert sent - ties == pp.cost.step_bytes(sched, 16 // 4 * 32 * 64, 4), row["strategy"]
+        b = row["pp"]["bubble"]
+        assert b["formula"] == pytest.approx(0.2) and 0 < b["measured"] < 1 and len(b["per_rank"]) == 2
+        assert f"({b['formula']:.2f})" in terminal([row], 1.0)

@@ -18,7 +18,8 @@ from minidist.strategies.fsdp import padded_unit
 from minidist.compare.report import TABLES, terminal
 from minidist.compare.timeline import chrome_trace, draw_png
 
-STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard", "ddp+tp2"]
+STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard", "ddp+tp2",
+              "ddp+pp2"]
 MEASURED_MEMORY = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard"]
 # A GPT whose every FSDP unit has an even number of elements (root 18560, blocks 49984), at a batch whose
 # activations outweigh one copy of the gradients several times over: whether gloo or the flight recorder
@@ -32,7 +33,7 @@ def body_measure(overrides: list[str]) -> list[dict]:
     import time
 
     from minidist import runtime
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from minidist.compare.measure import measure_strategy
     from minidist.train.data import build_datasets
     from recipes.compare import compose
@@ -57,7 +58,7 @@ _RUNS: dict[tuple, list] = {}
 
 def compare_rows(run_dist, world: int, overrides: list[str], strategies: list[str], memory: bool = True):
     """Every rank's measurements of `strategies` (run once per configuration in a session), and the rows."""
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from recipes.compare import compose
 
     overrides = overrides + [f"strategies=[{','.join(strategies)}]", f"memory={str(memory).lower()}"]
@@ -77,6 +78,8 @@ def check_bytes(cfg, shape: ModelShape, per_strategy, rows, world: int) -> None:
     """The trace counts what the formulas say, call by call; every rank alike (no broadcast here)."""
     for raws, row in zip(per_strategy, rows):
         name = row["strategy"]
+        if row["pp"]:  # each rank its own stage's calls: test_kernel_bytes.py
+            continue
         lay, wire, tp = tensor_parallel_of(raws[0], shape, cfg)
         calls = plan(name.partition("+")[0], lay, world, wire, grad_clip=cfg.trainer.grad_clip > 0, tp=tp)
         assert row["bytes"]["trace"] == pytest.approx(row["bytes"]["formula"]), name
@@ -95,6 +98,11 @@ def _check_timeline(per_strategy, world: int, steps: int, tmp_path) -> None:
         comm = [e for e in mine if e["cat"] == "comm"]
         assert len(comm) == len(raw["records"]) > 0, raw["strategy"]
         phases = [e for e in mine if e["cat"] == "phase"]
+        if raw["pp"]:  # a pipeline's micro-batches interleave the phases: the runtime's actions instead
+            actions = [e["name"] for e in mine if e["cat"] == "pipeline"]
+            assert not phases and len(actions) == sum(map(len, raw["pp"]["timelines"])) and "F0" in actions
+            assert "B0" in actions and len(raw["pp"]["timelines"]) == steps
+            continue
         assert sorted(e["name"] for e in phases) == sorted(["forward", "backward", "optimizer"] * steps)
         by_step = {}
         for e in phases:  # forward, backward, optimizer follow each other inside their step
@@ -209,6 +217,9 @@ def test_the_whole_report_fits_120_columns_and_writes_every_file(run_dist, tmp_p
     h100 = {r["ranks"]: r for r in tp if r["cluster"] == "h100_ib_8x400g"}
     assert not h100[8]["leaves_node"] and h100[16]["leaves_node"]  # tp within a node, dp across nodes
     assert h100[8]["comm_s"] == pytest.approx(h100[8]["comm_critical_s"] + h100[8]["comm_backward_s"])
+    pp = [r for r in proj if r["strategy"] == "ddp+pp2"]  # pure PP at world 2: its bubble as time at every scale
+    assert pp and all(r["bubble"] == pytest.approx(1 / 5) and r["bubble_s"] > 0 and r["pp_p2p_s"] > 0 for r in pp)
+    assert "bubble (formula)" in printed and "0.20)" in printed and "bubble 0.20:" in printed
 
 
 LOOP_STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "hybrid_shard", "no_shard"]

@@ -11,42 +11,30 @@ from minidist.compare.plan import GB, GPTModel, Hardware, Layout, memory, plan, 
 from minidist.compare.plan_table import table, why
 from minidist.pp.cost import bubble
 from minidist.strategies import Call
-
-TINY = ["model.n_layer=4", "model.n_embd=64", "model.n_head=2", "model.block_size=32", "data=synthetic",
-        "data.train_samples=512", "data.val_samples=8", "trainer.batch_size=8", "trainer.grad_clip=0"]
-MEASURED = {"zero2": False, "full_shard": False, "ddp+tp2": True, "full_shard+tp2": False}
-"""Layouts that run at 4 processes (row: sequence and vocabulary parallel): ZeRO-2's and FSDP's engines, TP with
-and without SP; ddp and zero1 peak at the same instant as ddp+tp2 and full_shard (the backward's start)."""
-
-
-def body_peaks(overrides: list[str]) -> dict[str, int]:
-    """Per row, this rank's allocator peak of two steps after two warm-up ones (minidist.compare.measure)."""
-    from minidist import runtime
-    from minidist.compare.config import row_strategy
-    from minidist.compare.measure import measure_memory
-    from minidist.recipes.compare import compose
-    from minidist.train.data import build_datasets
-
-    cfg = compose(overrides, world=(4, 4))
-    topo = runtime.init("gloo")
-    train_ds = build_datasets(cfg, topo)[0]
-    return {row: measure_memory(cfg, row_strategy(cfg, row), topo, train_ds)["allocator"] for row in cfg.strategies}
+from recipes import plan_check as check
 
 
 def test_planned_memory_within_5_percent_of_the_allocator_at_4_processes(run_dist):
-    sp = [f"strategy_options.{r.partition('+')[0]}.{k}=true" for r, on in MEASURED.items() if on
-          for k in ("sequence_parallel", "vocab_parallel")]
-    per_rank = run_dist(4, body_peaks, TINY + sp + [f"strategies=[{','.join(MEASURED)}]"], timeout=300)
-    model, hw = GPTModel(4, 64, 2, 256), Hardware(gpus_per_node=4)
-    for row, on in MEASURED.items():
-        strategy, _, t = row.partition("+tp")
-        t = int(t or 1)
-        lay = Layout(4 // t, t, strategy=strategy, micro_batch=8 * t, sequence_parallel=on)  # global batch 32
-        planned = memory(model, lay, 32, "fp32", hw, device="cpu")["total"]
-        measured = sorted(r[row] for r in per_rank)[1:3]  # the middle two: gloo's thread frees are one-sided
+    """ZeRO-2, FSDP, DDP x TP2 with SP, FSDP x TP2, dp2 x cp2 and dp2 x pp2 (1F1B) at 4 processes
+    (recipes.plan_check: the docs' numbers)."""
+    per_rank = run_dist(4, check.peaks, check.memory_overrides(), timeout=300)
+    for row, (planned, measured) in check.memory_vs_plan(per_rank).items():
         for m in measured:
             print(f"\n{row}: planned {planned / 1e6:.3f} MB, measured {m / 1e6:.3f} MB ({planned / m - 1:+.1%})")
             assert planned == pytest.approx(m, rel=0.05), (row, planned, m)
+
+
+def test_planned_step_times_order_and_match_measured_under_emulated_compute(run_dist):
+    """Four layouts at 4 processes whose planned step times differ by TP's calls and the bubble: the planner, told
+    this machine's rates (the emulated FLOP/s; gloo's alpha and beta from comm.calibrate), ranks them as measured,
+    each planned time within 25% of the measured median (the slowest rank's, per step)."""
+    per_rank = run_dist(4, check.step_times, check.time_overrides(), timeout=300)
+    times = check.times_vs_plan(per_rank)
+    print("\n" + check.table(times, {}, per_rank[0]["link"]))
+    planned, measured = ({row: t[i] for row, t in times.items()} for i in (0, 1))
+    assert sorted(times, key=planned.get) == sorted(times, key=measured.get), times
+    for row, (p, m) in times.items():
+        assert p == pytest.approx(m, rel=0.25), (row, p, m)
 
 
 MODEL = GPTModel.of_params(7.5e9, layers=32)
@@ -102,7 +90,7 @@ def test_the_projection_counts_activations_at_the_runs_precision_and_sizes_bucke
     """The 7.5B GPT at 8192 tokens per rank in bf16 (the issue's case): DDP's 16 psi + activations fit no device,
     ZeRO-1 not 80 GB at 8 ranks; ZeRO's buckets grow with the ranks, so its calls are bandwidth-bound at 1024."""
     from minidist.compare import at_scale, projection
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from minidist.recipes.compare import compose
 
     cfg = compose(["strategies=[ddp,zero1]", "projection.ranks=[8,1024]"], estimate=True)

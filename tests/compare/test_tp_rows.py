@@ -11,7 +11,7 @@ import pytest
 
 from minidist.cli.compose import ConfigError
 from minidist.compare.analytic import TensorParallel, calls_by_op, closed_form, plan, ring_bytes
-from minidist.compare.config import parse_row
+from minidist.compare.rows import Row
 from minidist.compare.projection import Cluster, Subject, project
 from minidist.models.gpt import GPTConfig
 from minidist.shape import ModelShape
@@ -35,7 +35,7 @@ def test_a_bad_tp_row_is_one_line_naming_strategies():
             compose(SMALL + argv, world=(world, world))
         assert "\n" not in str(info.value) and expect in str(info.value), str(info.value)
         assert "strateg" in str(info.value)
-    assert parse_row("full_shard+tp2") == ("full_shard", 2) and parse_row("zero1") == ("zero1", 1)
+    assert Row.parse("full_shard+tp2") == Row("full_shard", tp=2) and Row.parse("zero1") == Row("zero1")
     assert compose(SMALL + ["strategies=[ddp,ddp+tp2]"], world=(2, 2)).strategies == ["ddp", "ddp+tp2"]
 
 

@@ -87,7 +87,7 @@ def _train(out: str) -> dict:
 
 def _measure(overrides: list[str]) -> list[dict]:
     from minidist import runtime
-    from minidist.compare.config import row_strategy
+    from minidist.compare.rows import row_strategy
     from minidist.compare.measure import measure_strategy
     from minidist.train.data import build_datasets
     from recipes.compare import compose
