@@ -26,7 +26,6 @@ def test_the_row_grammar_and_a_bad_pp_row_is_one_line():
     for argv, world, expect in [
         (["strategies=[ddp+pp2]"], 3, "ddp+pp2 needs a world divisible by its pp degree, and this one has 3"),
         (["strategies=[ddp+pp1]"], 2, "ddp+pp1 not valid"),
-        (["strategies=[zero1+pp2]"], 2, "strategies: zero1+pp2: strategy=zero1 with strategy.pp_size=2: ZeRO"),
         (["strategies=[ddp+pp4]"], 4, "strategies: ddp+pp4: strategy.pp_size=4 x pp_virtual=1 = 4 stages must "
                                       "divide model.n_layer=2"),
         (["strategies=[ddp+pp2]", "pp_microbatches=3"], 2, "pp_microbatches=3 must divide the 4 sequences a pipeline shares"),
