@@ -34,20 +34,24 @@ GLOBAL_BATCH = 8
 INTERLEAVED = ("strategy.pp_schedule=interleaved_1f1b", "strategy.pp_virtual=2", "trainer.microbatches=2")
 
 
-def _run(out: str, name: str, strategy: str, *, pp: int = 1, tp: int = 1, extra: tuple[str, ...] = ()) -> dict:
+def _run(out: str, name: str, strategy: str, *, pp: int = 1, tp: int = 1, cp: int = 1, extra: tuple[str, ...] = (),
+         base: list[str] = BASE) -> dict:
+    """train() on every rank; the main process's whole model, validation loss, and the last logged row's loss,
+    clipped norm and traffic (comm/*)."""
     topo = runtime.init("gloo")
-    batch = GLOBAL_BATCH * pp * tp // topo.world_size  # per data-parallel rank: the same global batch
-    degrees = [f"strategy.{k}_size={n}" for k, n in (("pp", pp), ("tp", tp)) if n > 1]
-    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}", f"trainer.batch_size={batch}",
+    batch = GLOBAL_BATCH * pp * tp * cp // topo.world_size  # per data-parallel rank: the same global batch
+    degrees = [f"strategy.{k}_size={n}" for k, n in (("pp", pp), ("tp", tp), ("cp", cp)) if n > 1]
+    cfg = compose_config(base + [f"out_dir={out}", f"name={name}", f"strategy={strategy}", f"trainer.batch_size={batch}",
                                  *degrees, *extra])
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         result = train(cfg, topo)
     if "model_state" not in result:  # not the main process
         return {}
-    rows = read_metrics(result["run_dir"] + "/metrics.jsonl")
-    loss = [r["train/loss"] for r in rows if "train/loss" in r]
-    return {"state": result["model_state"], "val": result["val/loss"], "loss": loss[-1], "log": log.getvalue()}
+    last = [r for r in read_metrics(result["run_dir"] + "/metrics.jsonl") if "train/loss" in r][-1]
+    return {"state": result["model_state"], "val": result["val/loss"], "loss": last["train/loss"],
+            "norm": last.get("train/grad_norm"), "comm": {k: v for k, v in last.items() if k.startswith("comm/")},
+            "log": log.getvalue()}
 
 
 def _compared(got: dict, ref: dict) -> dict:

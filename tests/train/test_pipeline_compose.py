@@ -19,20 +19,13 @@ inside every stage). Every run reads the same 8 sequences per step and ends wher
 
 from __future__ import annotations
 
-import contextlib
-import io
-
-from minidist import runtime
-from minidist.cli import compose_config
-from minidist.train import train
-from minidist.train.metrics import read_metrics
+from tests.train.test_pipeline import _run as run_at
 
 CLIP = 0.2
 """Below every step's norm: a norm summed over the wrong ranks (or a tie counted twice) changes every update."""
 BASE = ["experiment=gpt_tiny", "model.n_layer=4", "trainer.eval_interval=0", "trainer.eval_batches=2",
         "trainer.log_interval=2", "data.max_bytes=200000", "data.val_percent=4", "trainer.steps=4",
         "trainer.ckpt_interval=0", "trainer.sample_bytes=0", f"trainer.grad_clip={CLIP}"]
-GLOBAL_BATCH = 8
 INTERLEAVED = ("strategy.pp_schedule=interleaved_1f1b", "strategy.pp_virtual=2", "trainer.microbatches=2")
 RUNS = {  # name: (strategy, pp, cp, extra)
     "zero1 dp2 x pp2": ("zero1", 2, 1, ("trainer.microbatches=2",)),
@@ -47,21 +40,7 @@ RUNS = {  # name: (strategy, pp, cp, extra)
 
 
 def _run(out: str, name: str, strategy: str, pp: int = 1, cp: int = 1, extra: tuple[str, ...] = ()) -> dict:
-    topo = runtime.init("gloo")
-    batch = GLOBAL_BATCH * pp * cp // topo.world_size  # per data-parallel rank: the same global batch
-    degrees = [f"strategy.{k}_size={n}" for k, n in (("pp", pp), ("cp", cp)) if n > 1]
-    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}",
-                                 f"trainer.batch_size={batch}", *degrees, *extra])
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        result = train(cfg, topo)
-    if "model_state" not in result:  # not the main process
-        return {}
-    rows = read_metrics(result["run_dir"] + "/metrics.jsonl")
-    traced = [r for r in rows if "train/loss" in r]
-    return {"state": result["model_state"], "val": result["val/loss"], "loss": traced[-1]["train/loss"],
-            "norm": traced[-1]["train/grad_norm"],
-            "comm": {k: v for k, v in traced[-1].items() if k.startswith("comm/")}, "log": log.getvalue()}
+    return run_at(out, name, strategy, pp=pp, cp=cp, extra=extra, base=BASE)
 
 
 def _one_process(out: str) -> dict:
