@@ -36,8 +36,8 @@ RATE = 1e9
 TIMED = {  # the planner's Layout at a global batch of 16, the row's strategy and trainer overrides
     "dp4 ddp": (Layout(4, micro_batch=4), {}, {"batch_size": 4}),
     "dp2 x tp2": (Layout(2, 2, micro_batch=8, sequence_parallel=False), {"tp_size": 2}, {"batch_size": 4}),
-    "dp2 x pp2, m=2": (Layout(2, pp=2, micro_batch=4), {"pp_size": 2}, {"batch_size": 8, "microbatches": 2}),
-    "dp2 x pp2, m=1": (Layout(2, pp=2, micro_batch=8), {"pp_size": 2}, {"batch_size": 8, "microbatches": 1}),
+    "dp2 x pp2, m=2": (Layout(2, pp=2, micro_batch=4), {"pp_size": 2}, {"batch_size": 4, "microbatches": 2}),
+    "dp2 x pp2, m=1": (Layout(2, pp=2, micro_batch=8), {"pp_size": 2}, {"batch_size": 4, "microbatches": 1}),
 }
 MEASURED = {"zero2": False, "full_shard": False, "ddp+tp2": True, "full_shard+tp2": False, "ddp+cp2": False}
 """The comparison's rows measured for memory (row: sequence and vocabulary parallel; global batch 32)."""
@@ -71,7 +71,7 @@ def step_times(overrides: list[str], steps: int = 3) -> dict:
     out = {"link": comm.calibrate(iters=5)}
     for row, (_, strategy, trainer) in TIMED.items():
         # the comparison's pipeline shares P x trainer.batch_size sequences in pp_microbatches pieces
-        c = OmegaConf.merge(cfg, {"trainer": trainer, "pp_microbatches": trainer["microbatches"]})
+        c = OmegaConf.merge(cfg, {"trainer": trainer, "pp_microbatches": trainer.get("microbatches", 1)})
         bench = Bench(c, OmegaConf.merge(c.strategy_options.ddp, strategy), topo, train_ds)
         times = []
         for _ in range(2 + steps):
