@@ -32,7 +32,10 @@ def test_planned_step_times_order_and_match_measured_under_emulated_compute(run_
     times = check.times_vs_plan(per_rank)
     print("\n" + check.table(times, {}, per_rank[0]["link"]))
     planned, measured = ({row: t[i] for row, t in times.items()} for i in (0, 1))
-    assert sorted(times, key=planned.get) == sorted(times, key=measured.get), times
+    for a in times:  # the order of every pair the plan separates by more than 10% (dp4 and dp2 x tp2 are ~3%
+        for b in times:  # apart in the plan: their order is the machine's noise, not the planner's claim)
+            if planned[a] < planned[b] / 1.1:
+                assert measured[a] < measured[b], (a, b, times)
     for row, (p, m) in times.items():
         assert p == pytest.approx(m, rel=0.25), (row, p, m)
 
