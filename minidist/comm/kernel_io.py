@@ -67,7 +67,7 @@ def written(group: dist.ProcessGroup | None = None):
     process writes meanwhile (a print, a log file) is counted too: keep the block quiet.
     """
     dist.barrier(group=group)
-    result = Written(barrier_pair=_barrier_pair(group))
+    result = Written(barrier_pair=_closing_barrier_bytes(group))
     start = read_wchar()
     try:
         yield result
@@ -81,7 +81,7 @@ PAIR_SAMPLES = 3
 """Bare barriers measured; the least is the fence's cost."""
 
 
-def _barrier_pair(group) -> int:
+def _closing_barrier_bytes(group) -> int:
     """What the block's closing barrier writes, the least of PAIR_SAMPLES measurements: anything else written meanwhile
     (another thread's log line) only ever adds, and one inflated sample subtracted from a block made a
     rank's count fall below the payload it surely sent (seen once at 4 processes under load: -589 bytes)."""
