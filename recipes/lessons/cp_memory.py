@@ -44,7 +44,8 @@ CLAIM = ("each of the {n} cp ranks keeps {ratio:.3f}x one process's activations 
 
 
 def config(small: bool) -> GPTConfig:
-    return GPTConfig(vocab_size=64, block_size=256 if small else 2048, n_layer=2, n_head=4, n_embd=64)
+    return GPTConfig(vocab_size=64, block_size=256 if small else 2048, n_layer=1 if small else 2, n_head=4,
+                     n_embd=32 if small else 64)
 
 
 def measure(model, idx, y) -> tuple[int, int, int]:

@@ -80,7 +80,7 @@ def zero3_bytes(cfg: GPTConfig, n: int) -> int:
 
 def run(ctx: Context) -> None:
     if ctx.small:
-        regimes = {"parameters dominate": (GPTConfig(n_layer=6, n_embd=128, block_size=8), 1),
+        regimes = {"parameters dominate": (GPTConfig(n_layer=2, n_embd=128, block_size=8), 1),
                    "activations dominate": (GPTConfig(n_layer=2, n_embd=32, block_size=128), 8)}
     else:
         regimes = {"parameters dominate": (GPTConfig(n_layer=8, n_embd=256, block_size=16), 1),
