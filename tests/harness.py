@@ -56,17 +56,31 @@ STARTUP_TIMEOUT_S = 120.0
 EXIT_GRACE_S = 5.0
 """How long closing a pool waits for its workers to leave before it kills them (all of them together)."""
 
-PRELOAD = ["torch", "torch.distributed", "minidist", "minidist.train", "minidist.compare", "minidist.models.resnet",
-           "matplotlib.pyplot", "tests.harness"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "minidist", "minidist.train", "minidist.compare",
+           "minidist.models.resnet", "matplotlib.pyplot", "tests.harness"]
 """Imported once, by the forkserver, before it forks any worker: a worker starts in ~0.1 s instead of the
 ~2.5 s of CPU that importing torch and minidist costs each spawned process (6 workers = 15 s on 2 cores),
-and a body that trains a ResNet (torchvision, ~1.5 s) or plots curves (matplotlib, ~0.5 s) imports nothing."""
+and a body that trains a ResNet (torchvision, ~1.5 s) or plots curves (matplotlib, ~0.5 s) imports nothing.
+torch._dynamo (~1.3 s) is what torch.optim imports at an optimizer's first step, in every worker that trains."""
+
+ORPHAN_POLL_S = 5.0
+"""How often an idle worker checks that the session that started it is still there: a pytest killed
+mid-run (Ctrl-C twice, a CI time-out) closes no pool, and its workers would otherwise live on, holding
+their process group's threads and memory."""
 
 GRACE_AFTER_ERROR_S = 3.0
 """After one rank fails, how long the others get to report before the pool is killed."""
 
 
-def _worker_main(rank: int, world_size: int, store_path: str, tasks, results) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _worker_main(rank: int, world_size: int, store_path: str, tasks, results, session_pid: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -77,7 +91,12 @@ def _worker_main(rank: int, world_size: int, store_path: str, tasks, results) ->
     gc.freeze()  # what is imported so far lives for good: gc.collect() in a body skips it (0.17 s -> ms)
     results.put((rank, ("ready", None), []))
     while True:
-        task = tasks.get()
+        try:
+            task = tasks.get(timeout=ORPHAN_POLL_S)
+        except queue.Empty:
+            if not _alive(session_pid):  # pytest died without closing the pool (the forkserver lives on: the
+                break                    # workers hold its liveness pipe, so only the session's pid tells)
+            continue
         if task is None:
             break
         fn, args, kwargs = task
@@ -122,7 +141,7 @@ class WorkerPool:
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._procs = [
-            ctx.Process(target=_worker_main, args=(r, world_size, store, self._tasks[r], self._results),
+            ctx.Process(target=_worker_main, args=(r, world_size, store, self._tasks[r], self._results, os.getpid()),
                         daemon=True, name=f"minidist-rank{r}")
             for r in range(world_size)
         ]

@@ -128,6 +128,11 @@ class AdamWOptim:
     """Steps of linear warmup from 0 to lr."""
     min_lr_ratio: float = 0.1
     """Cosine decays lr to lr * min_lr_ratio at the last step."""
+    fused: bool = True
+    """torch's fused AdamW kernel (torch.optim.AdamW(fused=True)): one pass over each parameter instead of about
+    ten elementwise kernels per parameter. The main job's model (40 tensors, 0.64M parameters) steps in 0.45 ms
+    instead of 1.9-2.3 ms on one quiet CPU thread (alternating rounds; 1.0-1.4 ms instead of 5-10 ms on a loaded
+    one). false: torch's per-tensor loop (foreach=False)."""
 
 
 @dataclass

@@ -174,7 +174,7 @@ def optimizer_class(optim_cfg) -> tuple[type, dict]:
     """(torch optimizer class, its keyword arguments) for cfg.optim."""
     if optim_cfg.name == "adamw":
         return torch.optim.AdamW, dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
-                                       weight_decay=optim_cfg.weight_decay)
+                                       weight_decay=optim_cfg.weight_decay, fused=optim_cfg.fused)
     if optim_cfg.name == "sgd":
         return torch.optim.SGD, dict(lr=optim_cfg.lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov,
                                      weight_decay=optim_cfg.weight_decay)

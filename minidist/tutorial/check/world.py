@@ -42,7 +42,9 @@ def run_world(fn: Callable, args: tuple, world: int, timeout_s: float, collectiv
     """fn(*args) on every rank of a fresh gloo world of `world` processes; one outcome per rank."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # inherited by the ranks: Kineto stays quiet
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    # imported once, by the forkserver, not by each rank: torch (~1.5 s of CPU) and torch._dynamo (~1.3 s, which
+    # torch.optim imports at its first step)
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="minidist-check-") as tmp:
         procs = [ctx.Process(target=_rank_main, args=(r, world, os.path.join(tmp, "store"), collective_s, fn, args,
