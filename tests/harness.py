@@ -73,6 +73,7 @@ GRACE_AFTER_ERROR_S = 3.0
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (signal 0 checks without sending anything)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
