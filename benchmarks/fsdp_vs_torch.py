@@ -364,15 +364,17 @@ def _print_overlap(width, depth, seconds, rounds, med, overhead, waited) -> None
           "  blocked: main thread inside a collective's issue or wait (minidist.comm.trace; torch's calls timed),\n"
           "    with the first all_gather's and the last reduce_scatter's share (nothing can hide those), and\n"
           "    less the time spent waiting for a rank that issued the collective later (load imbalance)")
-    print(f"  {'engine':<17} {'fwd+bwd ms':>10} {'overhead ms':>11} {'hidden':>7} {'blocked ms':>10} {'first':>6} "
-          f"{'last':>6} {'less late':>9}")
+    print("  limit: 1 - (first + last) / comm, the most any schedule can hide (the first all_gather and\n"
+          "    the last reduce_scatter have no compute to hide behind)")
+    print(f"  {'engine':<17} {'fwd+bwd ms':>10} {'overhead ms':>11} {'hidden':>7} {'limit':>6} {'blocked ms':>10} "
+          f"{'first':>6} {'last':>6} {'less late':>9}")
     hidden = {}
     for e in ("fsdp", "fsdp no prefetch", "fsdp2"):
         c = med["comm torch" if e == "fsdp2" else "comm"]
         b, first, last, own = waited[e]
         hidden[e] = comm.hidden_share(overhead[e], c)
-        print(f"  {e:<17} {med[e] * 1e3:10.1f} {overhead[e] * 1e3:11.1f} {hidden[e]:7.1%} {b * 1e3:10.1f} "
-              f"{first * 1e3:6.1f} {last * 1e3:6.1f} {own * 1e3:9.1f}")
+        print(f"  {e:<17} {med[e] * 1e3:10.1f} {overhead[e] * 1e3:11.1f} {hidden[e]:7.1%} {1 - (first + last) / c:6.1%} "
+              f"{b * 1e3:10.1f} {first * 1e3:6.1f} {last * 1e3:6.1f} {own * 1e3:9.1f}")
     print("hidden share: " + ", ".join(f"{label} {hidden[e]:.1%}" for label, e in (("FSDP", "fsdp"),
                                                                                     ("FSDP2 (torch)", "fsdp2")))
           + "   (goal >= 90%)")
