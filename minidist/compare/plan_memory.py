@@ -8,6 +8,9 @@ against torch's allocator at 4 processes in tests/compare/test_plan.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
+
 from minidist.compare.hardware import Hardware
 from minidist.compare.plan_layout import GPTModel, Layout, engine
 from minidist.footprint import OptimizerModel
@@ -29,11 +32,9 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     States: the record's (p, g, K of the precision) over its state group; the engine's transient
     holdings from its footprint (held()) at the compute dtype; activations minidist.memory's formula."""
     p = RunPrecision(precision) if isinstance(precision, str) else precision
-    record, cfg, world, group, shape = engine(model, lay, seq, p, hw)
     e = p.compute_bytes
-    states = record.model_state_bytes(shape.psi, group, e, e, p.optimizer_bytes)
-    rows = record.held(shape, cfg, world, group, optimizer=OptimizerModel(optimizer, device),
-                       backend="nccl" if device == "cuda" else "gloo", device_type=device)
+    states, rows, plain_grads = _holdings(model, replace(lay, micro_batch=0, recompute="none"), seq, p, hw,
+                                          optimizer, device)
     sp = vp = lay.tp > 1 and lay.sequence_parallel
     acts = activation_bytes(GPTShape(lay.micro_batch, seq, model.hidden, model.heads, model.layers, model.vocab), p,
                             Parallelism(lay.tp, sp, vp, lay.recompute, lay.pp, lay.cp))
@@ -50,13 +51,29 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     instants = [("backward's start", base | held_bytes(first, True) | {"activations": acts.total + first_grad}),
                 ("after the head's backward", base | during
                  | {"activations": acts.total - acts.head + first_grad + acts.recompute_transient})]
-    for h in (h for h in rows if h.at.phase in ("post_backward", "optimizer")):  # (boundary: pp's freed by then)
-        grads = shape.psi * e if h.plain_grads is None else sum(shape.unit_numels[u] for u in h.plain_grads) * e
+    for h, grads in plain_grads:  # (boundary: pp's freed by then)
         roles = held_bytes(h, False)
         roles["gradients"] += grads
         instants.append((h.note or h.at.phase, base | roles | {"activations": 0.0}))
     where, roles = max(instants, key=lambda kv: sum(kv[1].values()))
     return roles | {"total": sum(roles.values()), "where": where}
+
+
+@lru_cache(maxsize=4096)
+def _holdings(model: GPTModel, lay: Layout, seq: int, p: RunPrecision, hw: Hardware, optimizer: str, device: str):
+    """(the model states by role, the engine's held() rows, and each post-backward or optimizer row with its
+    gradients' bytes) of an engine layout (`lay` without its micro-batch and recompute, which change none of
+    them). A plan asks memory() for every micro-batch and recompute of each layout: for the docs' 7.5B GPT on 64
+    GPUs, 4,050 calls for 365 distinct engine layouts."""
+    record, cfg, world, group, shape = engine(model, lay, seq, p, hw)
+    e = p.compute_bytes
+    states = record.model_state_bytes(shape.psi, group, e, e, p.optimizer_bytes)
+    rows = tuple(record.held(shape, cfg, world, group, optimizer=OptimizerModel(optimizer, device),
+                             backend="nccl" if device == "cuda" else "gloo", device_type=device))
+    numels = shape.unit_numels
+    plain_grads = tuple((h, shape.psi * e if h.plain_grads is None else sum(numels[u] for u in h.plain_grads) * e)
+                        for h in rows if h.at.phase in ("post_backward", "optimizer"))
+    return states, rows, plain_grads
 
 
 def _backward_start(model: GPTModel, lay: Layout, seq: int, e: int, acts) -> tuple[float, float]:
