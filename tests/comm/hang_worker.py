@@ -3,7 +3,8 @@
     python -m tests.comm.hang_worker RANK STORE_FILE RUN_DIR
 
 The world joins with a long timeout (process start-up under load varies by
-seconds); two groups, `first` and `second`, get a 3 s one. Both ranks issue
+seconds); two groups, `first` and `second`, get a 2 s one (1 s after the
+SIGUSR1 below; each hang costs the test its timeout). Both ranks issue
 all_reduce #1 and broadcast #2 on `first`; then rank 1 sleeps (the test kills
 it) while rank 0:
   1. issues all_reduce #3 on `first`, blocking; it sends itself SIGUSR1 1 s
@@ -27,7 +28,7 @@ import torch.distributed as dist
 
 from minidist import comm, runtime
 
-TIMEOUT_S = 3
+TIMEOUT_S = 2
 
 
 def main() -> None:
