@@ -16,6 +16,7 @@ import venv
 from pathlib import Path
 
 from minidist.train.metrics import read_metrics
+from tests.recipes import test_collectives_tour as tour_test
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ["pyproject.toml", "setup.py", "README.md", "minidist", "configs", "hydra_plugins", "recipes"]
@@ -76,8 +77,15 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     assert done == ["done", "done"] and not run.stderr.strip(), run.stdout + run.stderr
 
 
-    # the installed commands start the world their README command uses (2 processes), and say so first
-    tour = _run([bindir / "minidist-tour", "--numel", "4096"], elsewhere, env)
+    # the installed commands start the world their README command uses (2 processes), and say so first; the
+    # tour's one run under torchrun (tests/recipes/test_collectives_tour.py runs its acts in the pool): every
+    # value once per rank, the traced act, no warning, and every rank ending without the interpreter's teardown
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(tour_test.HOOK)
+    tour = _run([bindir / "minidist-tour", "--numel", "4096"], elsewhere, env | {"PYTHONPATH": str(hook)})
     assert tour.stdout.startswith("minidist-tour: 2 processes (torchrun --standalone --nproc_per_node=2); NPROC=N"), \
         tour.stdout[:300]
-    assert "rank 1 | all_reduce SUM" in tour.stdout and "; N = 2, S = " in tour.stdout and not tour.stderr, tour.stderr
+    assert "; N = 2, S = " in tour.stdout and not tour.stderr, tour.stderr  # no warning, no teardown reached
+    tour_test.check_values(tour.stdout, 2)
+    tour_test.cost_act(tour.stdout)

@@ -1,41 +1,24 @@
 """The tour prints the lesson's values, grouped by rank, once, and never aborts at exit.
 
-Its acts run in the harness's pooled worlds of 1, 2 and 3 (what each rank sees, as rank 0 prints it);
-one real torchrun of the script at world 2 checks the command line end to end: the values, the traced
-act, no warning, and the exit. The abort it used to end with ("terminate called without an active
-exception", exit -6, in about one run in eight with this small payload) came from the interpreter's
-teardown racing gloo's worker thread (minidist.runtime.exit_process). The run here also loads a
-sitecustomize whose atexit hook says when a process reaches that teardown: the tour must end every
-rank through runtime.exit_process, so it never does. That check is deterministic (it failed on every
-run of the tour before the fix).
+Its acts run here in the harness's pooled worlds of 1, 2 and 3 (what each rank sees, as rank 0 prints it).
+Its one real launch, `minidist-tour` installed from the wheel under torchrun at world 2
+(tests/test_packaging.py), checks the command line end to end with check_values and cost_act below: the
+values, the traced act, no warning, and the exit. The abort it used to end with ("terminate called without
+an active exception", exit -6, in about one run in eight with this small payload) came from the
+interpreter's teardown racing gloo's worker thread (minidist.runtime.exit_process). That run loads HOOK as
+its sitecustomize, whose atexit hook says when a tour process reaches that teardown: the tour must end every
+rank through runtime.exit_process, so it never does. That check is deterministic (it failed on every run
+of the tour before the fix).
 """
 
 import contextlib
 import io
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.harness import run_command
-
-ROOT = Path(__file__).resolve().parents[2]
 TEARDOWN = "interpreter teardown reached"
-HOOK = ("import atexit, os, sys\n"  # the tour's processes only, not torchrun's own
+HOOK = ("import atexit, os, sys\n"  # the tour's processes only (python -m ...collectives_tour), not torchrun's own
         f"atexit.register(lambda: sys.argv[0].endswith('collectives_tour.py') and os.write(2, b'{TEARDOWN}\\n'))\n")
-
-
-def _tour(n: int, tmp_path: Path) -> str:
-    (tmp_path / "sitecustomize.py").write_text(HOOK)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
-    tour = [str(ROOT / "recipes" / "collectives_tour.py"), "--numel", "4096", "--backend", "gloo"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *tour]
-    out = run_command(cmd, timeout=180, env=env, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "terminate called" not in out.stderr and TEARDOWN not in out.stderr, out.stderr
-    assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr
-    return out.stdout
 
 
 def _acts() -> str:
@@ -58,7 +41,7 @@ def _value(stdout: str, rank: int, label: str) -> str:
     return hits[0]
 
 
-def _check_values(out: str, n: int) -> None:
+def check_values(out: str, n: int) -> None:
     assert _value(out, 0, "before broadcast") == "[0]"
     for r in range(n):
         assert _value(out, r, "after broadcast(src=0)") == "[0]"
@@ -83,7 +66,7 @@ def _check_values(out: str, n: int) -> None:
 
 
 
-def _cost_act(out: str) -> None:
+def cost_act(out: str) -> None:
     """Act four as the script prints it at world 2: alpha and beta with their errors, fitted at sizes other than
     the traced one (4096 floats), and the traced calls against the cost model."""
     assert "ring ms" in out and "reduce_scatter" in out and "GB/s); fit residual" in out, out
@@ -106,16 +89,10 @@ def _alone() -> str:
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_tour_values(run_dist, n):
-    _check_values(run_dist(n, _acts)[0], n)
+    check_values(run_dist(n, _acts)[0], n)
 
 
 def test_a_world_of_one_has_no_link_to_calibrate(run_dist):
     """No link: said so, not "alpha = 0.0 us (inf GB/s)"."""
     out = run_dist(1, _alone)[0]
     assert "== cost: no link at N = 1" in out and "inf" not in out, out
-
-
-def test_tour_under_torchrun(tmp_path):
-    out = _tour(2, tmp_path)
-    _check_values(out, 2)
-    _cost_act(out)
