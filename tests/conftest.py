@@ -1,8 +1,10 @@
 """Shared fixtures. `run_dist(world_size, body, *args)` runs body on every rank of a
 long-lived gloo worker pool (see tests/harness.py) and returns the per-rank values.
 The terminal summary says how many pools the session started (each costs a process-group
-start-up; a failing body costs a restart)."""
+start-up; a failing body costs a restart). Under pytest-xdist (`make test`: 2 workers) a test
+marked `alone` runs while no other test does (_share_the_machine)."""
 
+import fcntl
 import os
 
 import pytest
@@ -35,3 +37,30 @@ def pytest_terminal_summary(terminalreporter, config):
     manager = config.stash.get(POOLS, None)
     if manager is not None and manager.starts:
         terminalreporter.write_line(manager.summary())
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: its claim is a measured time; under pytest-xdist no other test "
+                                       "runs meanwhile (tests/conftest.py: _share_the_machine)")
+
+
+@pytest.fixture(autouse=True)
+def _share_the_machine(request, tmp_path_factory):
+    """`make test` runs the suite in 2 pytest-xdist workers on 2 cores: a single-process test, a subprocess
+    or a rank waiting on its peer leaves a core idle that the other worker's test fills (one session left
+    ~20% of the machine's CPU idle). Their ranks then share the cores, as a world of 4 does; a claim about
+    bytes, values or memory does not notice, a measured time does. So a test marked `alone` takes the
+    session's room exclusively and every other test takes it shared: it starts when the other worker's
+    test ends, and none starts until it ends. It takes a gate first, which tests take on their way in,
+    so that tests starting while it waits do not keep it out (flock has no writer preference)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the session's: every worker's basetemp is below it
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(shared / "minidist-gate.lock", "a") as gate, open(shared / "minidist-room.lock", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # closing the files releases what is held

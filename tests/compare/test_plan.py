@@ -24,6 +24,7 @@ def test_planned_memory_within_5_percent_of_the_allocator_at_4_processes(run_dis
             assert planned == pytest.approx(m, rel=0.05), (row, planned, m)
 
 
+@pytest.mark.alone
 def test_planned_step_times_order_and_match_measured_under_emulated_compute(run_dist):
     """Four layouts at 4 processes whose planned step times differ by TP's calls and the bubble: the planner, told
     this machine's rates (the emulated FLOP/s; gloo's alpha and beta from comm.calibrate), ranks them as measured,

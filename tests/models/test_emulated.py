@@ -3,6 +3,7 @@ FLOPs / rate, its backward twice that, a recomputed forward once more; the value
 
 import time
 
+import pytest
 import torch
 
 from minidist.models.gpt import GPT, GPTConfig
@@ -26,6 +27,7 @@ def _timed(rate: float, recompute: bool = False) -> tuple[float, float, torch.Te
     return t1 - t0, time.perf_counter() - t1, loss.detach(), [p.grad for p in model.parameters()]
 
 
+@pytest.mark.alone
 def test_emulated_gpt_takes_its_flops_at_the_rate_and_computes_the_same():
     plain = _timed(0.0)
     fwd, bwd, loss, grads = _timed(RATE)
