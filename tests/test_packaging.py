@@ -75,11 +75,13 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     run = _run([bindir / "minidist-train", "--multirun", *sweep], elsewhere, env)
     done = [json.loads(line)["status"] for line in (elsewhere / "sweep" / "summary.jsonl").read_text().splitlines()]
     assert done == ["done", "done"] and not run.stderr.strip(), run.stdout + run.stderr
+    _tour_under_torchrun(bindir, elsewhere, env, tmp_path)
 
 
-    # the installed commands start the world their README command uses (2 processes), and say so first; the
-    # tour's one run under torchrun (tests/recipes/test_collectives_tour.py runs its acts in the pool): every
-    # value once per rank, the traced act, no warning, and every rank ending without the interpreter's teardown
+def _tour_under_torchrun(bindir: Path, elsewhere: Path, env: dict, tmp_path: Path) -> None:
+    """The installed commands start the world their README command uses (2 processes), and say so first; the
+    tour's one run under torchrun (tests/recipes/test_collectives_tour.py runs its acts in the pool): every
+    value once per rank, the traced act, no warning, and every rank ending without the interpreter's teardown."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(tour_test.HOOK)
