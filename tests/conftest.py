@@ -1,7 +1,7 @@
 """Shared fixtures. `run_dist(world_size, body, *args)` runs body on every rank of a
 long-lived gloo worker pool (see tests/harness.py) and returns the per-rank values.
 The terminal summary says how many pools the session started (each costs a process-group
-start-up; a failing body costs a restart). Under pytest-xdist (`make test`: 2 workers) a test
+start-up; a failing body costs a restart), under pytest-xdist one line per worker. Under xdist (`make test`) a test
 marked `alone` runs while no other test does (_share_the_machine)."""
 
 import fcntl
@@ -37,6 +37,25 @@ def pytest_terminal_summary(terminalreporter, config):
     manager = config.stash.get(POOLS, None)
     if manager is not None and manager.starts:
         terminalreporter.write_line(manager.summary())
+    for worker, line in sorted(config.stash.get(WORKER_POOLS, {}).items()):
+        terminalreporter.write_line(f"{worker} {line}")
+
+
+WORKER_POOLS = pytest.StashKey[dict]()
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its pools' line to the controller, which prints the terminal summary."""
+    manager = session.config.stash.get(POOLS, None)
+    if hasattr(session.config, "workeroutput") and manager is not None and manager.starts:
+        session.config.workeroutput["pools"] = manager.summary()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's hook on the controller, as each worker ends: keep its pools' line."""
+    if "pools" in getattr(node, "workeroutput", {}):
+        node.config.stash.setdefault(WORKER_POOLS, {})[node.gateway.id] = node.workeroutput["pools"]
 
 
 def pytest_configure(config):
