@@ -83,7 +83,6 @@ class Layout:
                 f"{' +recompute' if self.recompute != 'none' else ''} mb{self.micro_batch}")
 
 
-
 def engine(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision, hw: Hardware):
     """(record, its config with the bucket rule's size, the data-parallel ranks, the state group, rank shape)."""
     return _engine_of(model, replace(lay, micro_batch=0, recompute="none"), seq, precision, hw)
