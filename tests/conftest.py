@@ -61,6 +61,15 @@ def pytest_testnodedown(node, error):
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: its claim is a measured time; under pytest-xdist no other test "
                                        "runs meanwhile (tests/conftest.py: _share_the_machine)")
+    config.addinivalue_line("markers", "launches: starts Python interpreters of its own (torchrun, a subprocess, "
+                                       "a new environment), seconds of CPU each; -m 'not launches' is the fast loop")
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that launch interpreters first (a stable sort): they are the longest, and under pytest-xdist a
+    long test left for the end keeps one worker busy while the other has nothing left to take. (The docs site's
+    build is not marked: its readers, tests/docs, stay next to it.)"""
+    items.sort(key=lambda item: item.get_closest_marker("launches") is None)
 
 
 @pytest.fixture(autouse=True)

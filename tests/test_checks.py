@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.launches
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: gpu.sh runs for real there")
 def test_gpu_check_fails_without_a_gpu():
     out = subprocess.run(["bash", str(ROOT / "checks/gpu.sh")], capture_output=True, text=True, timeout=120,
@@ -25,6 +26,7 @@ def test_gpu_check_fails_without_a_gpu():
     assert len(lines) == 1 and "no CUDA GPU" in lines[0], lines
 
 
+@pytest.mark.launches
 def test_cuda_check_script_runs_on_cpu():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     out = subprocess.run([sys.executable, str(ROOT / "checks/cuda_check.py")], capture_output=True, text=True,

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SESSION = '''
 import json, os, time, pytest
@@ -25,6 +27,7 @@ def test_alone(i):
 '''
 
 
+@pytest.mark.launches
 def test_an_alone_test_runs_with_nothing_beside_it_and_the_others_in_pairs(tmp_path):
     (tmp_path / "conftest.py").write_text("from tests.conftest import _share_the_machine, pytest_configure  # noqa\n")
     (tmp_path / "test_session.py").write_text(SESSION)

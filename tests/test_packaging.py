@@ -15,6 +15,8 @@ import sysconfig
 import venv
 from pathlib import Path
 
+import pytest
+
 from minidist.train.metrics import read_metrics
 from tests.recipes import test_collectives_tour as tour_test
 
@@ -28,6 +30,7 @@ def _run(cmd, cwd, env, timeout=120) -> subprocess.CompletedProcess:
     return p
 
 
+@pytest.mark.launches
 def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     src = tmp_path / "src"  # a copy: building in the checkout would leave build/ and *.egg-info there
     src.mkdir()

@@ -37,6 +37,7 @@ def _clean_env():
     return env
 
 
+@pytest.mark.launches
 def test_world_of_one_without_torchrun_and_an_error_in_one_line():
     """One plain process (no torchrun): the process group is destroyed when the body raises; a world of one
     runs collectives on gloo and is gone after the block; exit_on_error prints one line and exits 1. Nothing

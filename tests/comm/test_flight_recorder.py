@@ -10,6 +10,7 @@ import time
 import weakref
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -104,6 +105,7 @@ def test_on_error_leaves_other_errors_alone():
     assert fr.on_error(plain) is plain, "not a backend error: untouched, even if it says timeout"
 
 
+@pytest.mark.launches
 def test_a_skipped_collective_is_named_within_the_timeout(tmp_path):
     """Rank 1 skips all_reduce #3 (blocking), then #1 on another group (async + wait); rank 0 names each in one line."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -101,6 +101,7 @@ def _run(cmd, env=ENV):
     return run_command(cmd, timeout=240, cwd=REPO, env=env)
 
 
+@pytest.mark.launches
 def test_world_one_is_one_line_and_exit_64(tmp_path):
     p = _run([sys.executable, "-m", "recipes.train", "experiment=gpt_tiny", "~data", f"out_dir={tmp_path}"])
     assert p.returncode == EXIT_USAGE and p.stderr.splitlines() == [
@@ -109,6 +110,7 @@ def test_world_one_is_one_line_and_exit_64(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.launches
 def test_launcher_checks_before_any_worker_starts(tmp_path):
     """minidist.recipes.torchrun (make train, launch/*.sh), here as launch/local.sh starts it (NPROC=2
     processes, the run directory under OUT): the line, exit 64, no torchrun traceback."""
@@ -121,6 +123,7 @@ def test_launcher_checks_before_any_worker_starts(tmp_path):
     assert not list(tmp_path.iterdir())  # no run directory
 
 
+@pytest.mark.launches
 def test_refusal_under_torchrun_is_printed_once_and_leaves_the_run_alone(tmp_path):
     """A run directory that holds a run, reused without resume=: every rank refuses after the process
     group exists, local rank 0 says it once, and the old run's files are byte for byte the same. Through

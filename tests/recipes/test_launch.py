@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from minidist import runtime
@@ -54,6 +55,7 @@ def _noise(stderr: str) -> list[str]:
             if "Warning" in ln or "Traceback" in ln or ln.startswith("wandb:")]
 
 
+@pytest.mark.launches
 def test_two_agents_rendezvous_as_two_nodes_and_the_run_finishes(tmp_path):
     env = ENV | {"NNODES": "2", "NPROC": "1", "MASTER": f"127.0.0.1:{_free_port()}", "RUN": "twonode"}
     cmd = ["bash", str(REPO / "launch/multinode.sh"), *TINY, f"out_dir={tmp_path}", "logger.mode=offline"]
@@ -80,6 +82,7 @@ def test_two_agents_rendezvous_as_two_nodes_and_the_run_finishes(tmp_path):
     assert not _noise(outs[0][1] + outs[1][1]), outs
 
 
+@pytest.mark.launches
 def test_slurm_job_restarts_a_crashed_worker_then_requeues_when_preempted(tmp_path):
     """launch/slurm.sbatch as SLURM runs it, with srun and scontrol stood in for. The main process crashes
     before step 4 (tests.recipes.crashing_train; a callback, so after step 3 and before its checkpoint would
@@ -138,6 +141,7 @@ def _resume_and_uninterrupted(out: str, resume: list[str], overrides: list[str])
     return (said.getvalue(), resumed["model_state"], whole["model_state"]) if topo.is_main else None
 
 
+@pytest.mark.launches
 def test_ctrl_c_under_torchrun_checkpoints_and_the_printed_command_resumes_it(run_dist, tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to the launcher's process group; torch's workers have sessions of
     their own, so torchrun forwards it): every rank finishes its step, checkpoints, the job exits 75 and prints

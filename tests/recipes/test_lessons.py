@@ -59,6 +59,7 @@ def test_lesson_runs_small_and_its_claim_holds(run_dist, name, world):
     assert len(lines) == 1 and (lines[0].endswith("-> holds") or "-> timing not seen on this small run" in lines[0]), text
 
 
+@pytest.mark.launches
 def test_the_lesson_runner_under_torchrun():
     """python -m recipes.lessons NAME... --small: titles numbered in reading order, one claim each, exit 0,
     no warning (two of the cheapest lessons: what each lesson claims is checked above)."""

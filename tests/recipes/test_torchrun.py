@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from minidist.recipes.torchrun import _failed_status, _signalled_status, without_sigint
@@ -66,6 +67,7 @@ print("second:", worker.wait(timeout=10), ctrl_c.killed)
 """
 
 
+@pytest.mark.launches
 def test_a_second_ctrl_c_kills_the_workers():
     """In a process of its own: CtrlC kills this process's children, and pytest's are the worker pool."""
     p = subprocess.run([sys.executable, "-c", SECOND_CTRL_C], capture_output=True, text=True, timeout=60)

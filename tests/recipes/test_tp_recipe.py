@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -35,6 +36,7 @@ def _one_process(out: str) -> dict:
     return {"val": result["val/loss"], "state": result["model_state"]}
 
 
+@pytest.mark.launches
 def test_a_sweep_at_tp2_under_torchrun_ends_where_one_process_ends(run_dist, tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",

@@ -83,6 +83,7 @@ def test_a_1f1b_that_runs_gpipes_order_fails_only_the_memory_check(run_dist, tmp
     assert "1F1B at most" in verdicts["activations held"][1], verdicts
 
 
+@pytest.mark.launches
 def test_the_command_passes_a_solution_in_its_own_world():
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "minidist.tutorial.check", "tp", "minidist/tutorial/tp.py"],
