@@ -39,7 +39,8 @@ train: $(STAMP)
 # The suite in 2 pytest-xdist workers: one session left ~20% of the 2 cores idle (single-process tests,
 # subprocesses starting, ranks waiting on peers), which the other worker's tests fill: 435 -> 368 s of
 # suite on 2 cores. Each worker has its own pools; a test whose claim is a measured time is marked
-# `alone` and runs with nothing beside it (tests/conftest.py). ARGS="-n 0 ..." runs in one process.
+# `alone` and runs with nothing beside it, and the tests marked `launches` (they start interpreters of
+# their own, the longest) run first (tests/conftest.py). ARGS="-n 0 ..." runs in one process.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 $(ARGS)
 
