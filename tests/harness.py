@@ -260,6 +260,30 @@ class PoolManager:
         self._pools.clear()
 
 
+def compose_once(overrides=(), **kwargs):
+    """minidist.cli.compose_config(overrides, **kwargs) in a body: rank 0 composes, the other ranks receive
+    its configuration (or its error, so that every rank raises it and none waits in the broadcast).
+
+    Every rank of a body composes the same configuration, and Hydra's compose costs ~90 ms of CPU: the
+    suite's bodies composed ~560 times, half of them copies of what another rank of the same world had
+    just composed. A body must call it on every rank (it is a collective), as it calls train()."""
+    import torch.distributed as dist
+
+    from minidist.cli import compose_config
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return compose_config(overrides, **kwargs)
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = compose_config(overrides, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - sent to every rank and raised there
+            box[0] = exc
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
 def run_command(cmd: list, timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True) for launchers (torchrun, shell scripts): in a
     session of its own, so that a run past `timeout` is killed with every process it started (killing

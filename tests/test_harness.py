@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.harness import DistTestError
+from tests.harness import DistTestError, compose_once
 
 
 def _rank_and_size():
@@ -65,3 +65,26 @@ def test_warnings_fail_unless_allowed(run_dist):
     with pytest.raises(DistTestError, match="something odd"):
         run_dist(2, _warn)
     run_dist(2, _warn, allow_warnings=True)
+
+
+def _composed(overrides):
+    """What compose_once gives this rank (its YAML, or the error it raised) and how often it composed."""
+    from unittest import mock
+
+    import minidist.cli
+    from omegaconf import OmegaConf
+    with mock.patch.object(minidist.cli, "compose_config", wraps=minidist.cli.compose_config) as composed:
+        try:
+            return OmegaConf.to_yaml(compose_once(overrides)), composed.call_count
+        except Exception as exc:  # noqa: BLE001 - the error each rank raised is the result
+            return type(exc).__name__, str(exc), composed.call_count
+
+
+def test_compose_once_composes_on_rank_0_and_every_rank_gets_the_config_or_the_error(run_dist):
+    from minidist.cli import compose_config
+    from omegaconf import OmegaConf
+    overrides = ["experiment=gpt_tiny", "strategy=full_shard", "trainer.steps=3"]
+    want = OmegaConf.to_yaml(compose_config(overrides))
+    assert run_dist(2, _composed, overrides) == [(want, 1), (want, 0)]
+    (kind, error, calls), other = run_dist(2, _composed, ["strategy=nope"])
+    assert kind == "ConfigError" and "nope" in error and calls == 1 and other == (kind, error, 0)

@@ -6,9 +6,9 @@ import torch
 
 from minidist import runtime
 from minidist.models import Block
-from minidist.cli import compose_config
 from minidist.parallel.parallelize import build_layout, parallelize
 from minidist.train.task import make_task
+from tests.harness import compose_once
 
 CASES = {"ddp": [], "zero1": [], "full_shard": [], "no_shard": [], "hybrid_shard": ["strategy.shard_size=1"],
          "full_shard tp": ["strategy.tp_size=2"]}
@@ -18,7 +18,7 @@ def _layouts() -> dict:
     topo = runtime.init("gloo")
     out = {}
     for name, extra in CASES.items():
-        cfg = compose_config(["experiment=gpt_tiny", f"strategy={name.split()[0]}", *extra])
+        cfg = compose_once(["experiment=gpt_tiny", f"strategy={name.split()[0]}", *extra])
         layout = build_layout(cfg.strategy, topo)
         model = parallelize(make_task(cfg.model).build()[0], layout, cfg.strategy, (Block,))
         group = getattr(model, "shard_group", False)  # FSDP: the ranks that split its parameters
@@ -28,7 +28,7 @@ def _layouts() -> dict:
     for overrides in (["strategy=full_shard", "model.n_head=3", "model.n_embd=48", "strategy.tp_size=3"],
                       ["strategy=hybrid_shard", "strategy.shard_size=3"]):
         with pytest.raises(ValueError) as e:
-            build_layout(compose_config(["experiment=gpt_tiny", *overrides]).strategy, topo)
+            build_layout(compose_once(["experiment=gpt_tiny", *overrides]).strategy, topo)
         errors[overrides[-1]] = str(e.value)
     return out | {"errors": errors}
 

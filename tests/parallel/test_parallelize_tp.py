@@ -15,11 +15,11 @@ import torch
 from minidist import runtime, strategies
 from minidist.mesh import TP
 from minidist.models import Block
-from minidist.cli import compose_config
 from minidist.parallel.parallelize import (build_layout, build_optimizer, clip_grad_norm_, full_state_dict,
                                         local_batch, optimizer_class, parallelize)
 from minidist.train.data import IGNORE
 from minidist.train.task import make_task
+from tests.harness import compose_once
 
 STEPS, ROWS, MAX_NORM = 3, 4, 0.5
 MODEL = ["experiment=gpt_tiny", "model.block_size=16", "model.vocab_size=64", "optim=sgd", "optim.lr=0.5"]
@@ -45,7 +45,7 @@ def _batches():
 
 def _reference() -> dict:
     """One process, the whole batch: the plain GPT, torch's clip_grad_norm_, the same optimizer."""
-    cfg = compose_config(MODEL)
+    cfg = compose_once(MODEL)
     torch.manual_seed(0)
     model = make_task(cfg.model).build()[0]
     cls, kwargs = optimizer_class(cfg.optim)
@@ -65,7 +65,7 @@ def _reference() -> dict:
 def _run(case: str, extra: list[str], topo, degrees: tuple[str, ...] = ("strategy.tp_size=2",)) -> dict:
     """The case as the trainer builds it; each rank its data shard's rows, (under cp) its tokens of them."""
     strategy = case.split()[0]
-    cfg = compose_config(MODEL + [f"strategy={strategy}", *degrees, *extra])
+    cfg = compose_once(MODEL + [f"strategy={strategy}", *degrees, *extra])
     layout = build_layout(cfg.strategy, topo)
     torch.manual_seed(0)
     model = parallelize(make_task(cfg.model).build()[0], layout, cfg.strategy, (Block,))

@@ -14,9 +14,9 @@ from minidist import runtime, strategies
 from minidist.mesh import DP, TP, ParallelDims
 from minidist.sharding import Split, cut, join, shard_param, sharded_over
 from minidist.models import Block
-from minidist.cli import compose_config
 from minidist.parallel.parallelize import build_layout, build_optimizer, clip_grad_norm_, parallelize, unwrap
 from minidist import clip
+from tests.harness import compose_once
 
 WHOLE = {"col": (6, 5), "row": (4, 6), "norm": (5,), "both": (8, 3)}
 """A column-parallel weight (split over tp along dim 0), a row-parallel one (dim 1), a replicated
@@ -87,7 +87,7 @@ def _engine_norms() -> dict:
     x, y = idx[:, :-1], idx[:, 1:]
     out = {}
     for name, extra in STRATEGIES.items():
-        cfg = compose_config(["experiment=gpt_tiny", f"strategy={name}", "model.block_size=16", *extra])
+        cfg = compose_once(["experiment=gpt_tiny", f"strategy={name}", "model.block_size=16", *extra])
         torch.manual_seed(0)
         plain = _gpt(cfg)
         if name == "ddp":  # the reference: one process, the whole batch

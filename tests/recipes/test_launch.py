@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from minidist import runtime
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.metrics import read_metrics
+from tests.harness import compose_once
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["experiment=gpt_tiny", "trainer.steps=12", "trainer.log_interval=2", "data.max_bytes=200000"]
@@ -136,8 +136,8 @@ def _resume_and_uninterrupted(out: str, resume: list[str], overrides: list[str])
     """The run resumed with `resume` (the printed command's overrides), and the same run never interrupted."""
     topo = runtime.init("gloo")
     with contextlib.redirect_stdout(io.StringIO()) as said:
-        resumed = train(compose_config(resume), topo)
-    whole = train(compose_config(overrides + [f"out_dir={out}", "name=whole"]), topo)
+        resumed = train(compose_once(resume), topo)
+    whole = train(compose_once(overrides + [f"out_dir={out}", "name=whole"]), topo)
     return (said.getvalue(), resumed["model_state"], whole["model_state"]) if topo.is_main else None
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from minidist import runtime
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
 from minidist.train.metrics import read_metrics
+from tests.harness import compose_once
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
         "trainer.steps=8", "trainer.ckpt_interval=4", "trainer.batch_size=4"]
@@ -30,7 +30,7 @@ def _switches(out: str) -> dict:
     def run(name: str, *extra: str) -> dict:
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
-            result = train(compose_config(base + [f"name={name}", *extra]), topo)
+            result = train(compose_once(base + [f"name={name}", *extra]), topo)
         return result | {"log": log.getvalue()}
 
     got = {}

@@ -72,13 +72,13 @@ COMPARE = ["model.n_layer=4", "model.n_embd=64", "model.n_head=2", "model.block_
 
 def _train(out: str) -> dict:
     from minidist import runtime
-    from minidist.cli import compose_config
     from minidist.train import train
     from minidist.train.metrics import read_metrics
+    from tests.harness import compose_once
 
     topo, got = runtime.init("gloo"), {}
     for name in ("ddp", NAME):
-        r = train(compose_config(TRAIN + [f"strategy={name}", f"out_dir={out}", f"name={name}"]), topo)
+        r = train(compose_once(TRAIN + [f"strategy={name}", f"out_dir={out}", f"name={name}"]), topo)
         if topo.is_main:
             rows = read_metrics(Path(r["run_dir"]) / "metrics.jsonl")
             got[name] = (r["val/loss"], [row["train/loss"] for row in rows if "train/loss" in row])

@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from minidist import runtime
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
+from tests.harness import compose_once
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
         "trainer.sample_bytes=0", "logger.mode=disabled", "trainer.progress_bar=false", "trainer.keep_last=2"]
 
 
 def _run(overrides: list[str]) -> dict:
-    return train(compose_config(TINY + overrides), runtime.init("gloo"))
+    return train(compose_once(TINY + overrides), runtime.init("gloo"))
 
 
 def _flip_bit(path: Path) -> None:
@@ -115,10 +115,10 @@ def _sigterm_on_rank1_after(step: int):
 def _preempt(out: str) -> dict:
     base = TINY + [f"out_dir={out}", "strategy=ddp", "trainer.steps=8"]
     topo = runtime.init("gloo")
-    whole = train(compose_config(base + ["name=whole"]), topo)
-    first = train(compose_config(base + ["name=cut"]), topo, [_sigterm_on_rank1_after(3)])
+    whole = train(compose_once(base + ["name=whole"]), topo)
+    first = train(compose_once(base + ["name=cut"]), topo, [_sigterm_on_rank1_after(3)])
     marker = (Path(out) / "cut" / "PREEMPTED").read_text() if topo.rank == 0 else None
-    rest = train(compose_config(base + ["name=cut", "resume=auto"]), topo)
+    rest = train(compose_once(base + ["name=cut", "resume=auto"]), topo)
     diff = max((whole["model_state"][k] - rest["model_state"][k]).abs().max().item()
                for k in whole["model_state"]) if topo.rank == 0 else None
     return {"first": first, "marker": marker, "diff": diff,

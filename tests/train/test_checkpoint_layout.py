@@ -14,10 +14,10 @@ import minidist
 from minidist import runtime, strategies
 from minidist.mesh import DP, TP, ParallelDims, shard_param
 from minidist.models import GPT
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.checkpoint import MARKER, Checkpointer
 from minidist.parallel.parallelize import full_state_dict
+from tests.harness import compose_once
 
 SHAPES = {"col.weight": (6, 4), "col.bias": (6,), "row.weight": (3, 6), "row.bias": (3,)}
 
@@ -137,13 +137,13 @@ def _as_written_before_the_layout_record(d: Path, cfg) -> None:
 def _old_checkpoints(out: str, strategy: str) -> dict:
     topo = runtime.init("gloo")
     base = TINY + [f"out_dir={out}", f"strategy={strategy}"]
-    whole = train(compose_config(base + [f"name={strategy}-whole"]), topo)
-    cut = compose_config(base + [f"name={strategy}-cut", "trainer.steps=3"])
+    whole = train(compose_once(base + [f"name={strategy}-whole"]), topo)
+    cut = compose_once(base + [f"name={strategy}-cut", "trainer.steps=3"])
     train(cut, topo)
     if topo.rank == 0:
         _as_written_before_the_layout_record(Path(out) / f"{strategy}-cut" / "checkpoints" / "step_0000003", cut)
     torch.distributed.barrier()  # the main process rewrote the files
-    rest = train(compose_config(base + [f"name={strategy}-cut", "resume=auto"]), topo)
+    rest = train(compose_once(base + [f"name={strategy}-cut", "resume=auto"]), topo)
     if topo.rank:
         return {}
     return {k: (rest["model_state"][k] - v).abs().max().item() for k, v in whole["model_state"].items()}

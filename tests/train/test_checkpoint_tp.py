@@ -18,9 +18,9 @@ import pytest
 
 import minidist
 from minidist import runtime
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
+from tests.harness import compose_once
 
 BASE = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000", "data.val_percent=4",
         "trainer.steps=4", "trainer.ckpt_interval=2"]
@@ -31,7 +31,7 @@ def _run(out: str, name: str, strategy: str, tp: int, *extra: str, degree: str =
     """train() at strategy.<degree>_size=tp (tp or cp: their ranks share each batch) on GLOBAL_BATCH rows."""
     topo = runtime.init("gloo")
     batch = GLOBAL_BATCH * tp // topo.world_size  # per data shard: the same global batch at any layout
-    cfg = compose_config(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}",
+    cfg = compose_once(BASE + [f"out_dir={out}", f"name={name}", f"strategy={strategy}",
                                  f"strategy.{degree}_size={tp}", f"trainer.batch_size={batch}", *extra])
     log = io.StringIO()
     with contextlib.redirect_stdout(log):

@@ -22,10 +22,10 @@ import io
 import pytest
 
 from minidist import runtime
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.checkpoint import CheckpointError
 from minidist.train.metrics import read_metrics
+from tests.harness import compose_once
 
 BASE = ["experiment=gpt_tiny", "model.n_layer=4", "trainer.eval_interval=2", "trainer.eval_batches=2",
         "trainer.log_interval=2", "data.max_bytes=200000", "data.val_percent=4", "trainer.steps=4",
@@ -41,7 +41,7 @@ def _run(out: str, name: str, strategy: str, *, pp: int = 1, tp: int = 1, cp: in
     topo = runtime.init("gloo")
     batch = GLOBAL_BATCH * pp * tp * cp // topo.world_size  # per data-parallel rank: the same global batch
     degrees = [f"strategy.{k}_size={n}" for k, n in (("pp", pp), ("tp", tp), ("cp", cp)) if n > 1]
-    cfg = compose_config(base + [f"out_dir={out}", f"name={name}", f"strategy={strategy}", f"trainer.batch_size={batch}",
+    cfg = compose_once(base + [f"out_dir={out}", f"name={name}", f"strategy={strategy}", f"trainer.batch_size={batch}",
                                  *degrees, *extra])
     log = io.StringIO()
     with contextlib.redirect_stdout(log):

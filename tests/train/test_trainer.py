@@ -9,10 +9,10 @@ import torch
 
 import minidist
 from minidist import runtime
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.metrics import read_metrics
 from tests.faults import stop_after
+from tests.harness import compose_once
 
 STRATEGIES = ["ddp", "zero1", "zero2", "zero1_broadcast", "shard_grad_op", "full_shard", "no_shard", "hybrid_shard"]
 TINY = ["experiment=gpt_tiny", "trainer.steps=16", "trainer.eval_interval=0", "trainer.log_interval=4",
@@ -20,7 +20,7 @@ TINY = ["experiment=gpt_tiny", "trainer.steps=16", "trainer.eval_interval=0", "t
 
 
 def _run(overrides: list[str], callbacks=()) -> dict:
-    return train(compose_config(overrides), runtime.init("gloo"), callbacks)
+    return train(compose_once(overrides), runtime.init("gloo"), callbacks)
 
 
 def _train_losses(run_dir: str) -> list[float]:

@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 
 from minidist import runtime
-from minidist.cli import compose_config
 from minidist.train import train
 from minidist.train.checkpoint import load_file
 from minidist.parallel.parallelize import build_layout, build_optimizer, parallelize, precision_policy
 from minidist.train.task import make_task
+from tests.harness import compose_once
 
 TINY = ["experiment=gpt_tiny", "trainer.eval_interval=0", "trainer.log_interval=2", "data.max_bytes=200000",
         "trainer.sample_bytes=0", "logger.mode=disabled", "trainer.progress_bar=false"]
@@ -22,7 +22,7 @@ def _engines() -> dict:
     out = {}
     for strategy, precision, extra in (("ddp", "fp16", []), ("zero2", "bf16", []), ("zero1", "bf16", ["strategy.reduce_dtype=fp32"]),
                                        ("full_shard", "bf16", [])):
-        cfg = compose_config(TINY + [f"strategy={strategy}", f"trainer.precision={precision}"] + extra)
+        cfg = compose_once(TINY + [f"strategy={strategy}", f"trainer.precision={precision}"] + extra)
         layout = build_layout(cfg.strategy, topo)
         policy = precision_policy(cfg.trainer, cfg.strategy)
         model, blocks = make_task(cfg.model).build()
@@ -49,10 +49,10 @@ def test_precision_sets_the_engines_dtypes(run_dist):
 
 def _fp16_run(out: str) -> dict:
     base = TINY + [f"out_dir={out}", "name=fp16", "strategy=zero2", "trainer.precision=fp16", "trainer.ckpt_interval=4"]
-    first = train(compose_config(base + ["trainer.steps=4"]), runtime.init("gloo"))
+    first = train(compose_once(base + ["trainer.steps=4"]), runtime.init("gloo"))
     ckpt = Path(first["run_dir"]) / "checkpoints" / "step_0000004"
     scaler = load_file(ckpt / "state_dp0.pt").get("scaler")
-    rest = train(compose_config(base + ["trainer.steps=8", "resume=auto"]), runtime.init("gloo"))
+    rest = train(compose_once(base + ["trainer.steps=8", "resume=auto"]), runtime.init("gloo"))
     return {"scale": None if scaler is None else scaler["scale"], "loss": rest.get("val/loss"), "step": rest["step"]}
 
 
