@@ -59,8 +59,9 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "alone: its claim is a measured time; under pytest-xdist no other test "
-                                       "runs meanwhile (tests/conftest.py: _share_the_machine)")
+    config.addinivalue_line("markers", "alone: its claim is a measured time, or a peak that gloo's threads' timing "
+                                       "decides; under pytest-xdist no other test runs meanwhile (tests/conftest.py: "
+                                       "_share_the_machine)")
     config.addinivalue_line("markers", "launches: starts Python interpreters of its own (torchrun, a subprocess, "
                                        "a new environment), seconds of CPU each; -m 'not launches' is the fast loop")
 

@@ -29,9 +29,9 @@ Writing fast tests (the whole suite has 5 minutes on 2 cores, venv included):
   not one test per case: each test is a round trip to every rank.
 - Tiny models (experiment=gpt_tiny, a few steps): the claim, not the size, is tested.
   A training run costs ~1 s of fixed work (compose, evaluation, model.pt, plot).
-- A test whose claim is a measured time is marked @pytest.mark.alone: `make test` runs two
-  pytest-xdist workers, each with its own pools, whose ranks share the 2 cores
-  (tests/conftest.py), and nothing runs beside an alone test.
+- A test whose claim is a measured time (or a memory peak whose instant gloo's threads decide) is
+  marked @pytest.mark.alone: `make test` runs two pytest-xdist workers, each with its own pools,
+  whose ranks share the 2 cores (tests/conftest.py), and nothing runs beside an alone test.
 - Budget: ~5 s per test file; say in the commit message what a slow test buys.
   `pytest --durations=20 tests/<dir>` under the CPU lock shows where time goes.
 """

@@ -272,6 +272,7 @@ def body_loop_peaks(overrides: list[str]) -> dict:
     return out
 
 
+@pytest.mark.alone  # the peak instant holds what gloo's threads have not yet let go: timing, under another worker's load
 def test_memory_estimate_within_2_percent_in_both_loops(run_dist):
     from minidist.compare.estimate import estimate_memory
     from recipes.compare import compose
