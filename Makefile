@@ -24,9 +24,16 @@ unexport PYTHONDONTWRITEBYTECODE
 # ~/.cache too cost 17 s) and without compiling every installed module (only those imported get
 # compiled, by the first process that imports them, into the cache above): 85 s -> 52 s for a fresh
 # clone's venv on 2 cores.
+#
+# Then the bytecode of what nearly every process imports is compiled once, in two processes (torch and
+# minidist; the libraries beside them): otherwise the first processes of a run all compile the same
+# modules at the same time, ~7 s of CPU each (the suite's two workers, their pools and the first
+# torchruns' agents and workers; make train's agent and workers): ~40 s of CPU on a fresh clone.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --no-cache-dir --no-compile -q -e '.[dev]'
+	$(PY) -c "import matplotlib.pyplot, hydra, omegaconf, wandb, pytest, xdist" & libs=$$!; \
+	$(PY) -c "import torch._dynamo, minidist.train, minidist.compare, minidist.models.resnet, recipes.train" && wait $$libs
 	@touch $(STAMP)
 
 # torchrun through minidist.recipes.torchrun: the workers' exit status (64: a bad input, 75: preempted),
