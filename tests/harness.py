@@ -28,7 +28,8 @@ Writing fast tests (the whole suite has 5 minutes on 2 cores, venv included):
 - Several cases of one claim in one body (a loop, results returned as a dict),
   not one test per case: each test is a round trip to every rank.
 - Tiny models (experiment=gpt_tiny, a few steps): the claim, not the size, is tested.
-  A training run costs ~1 s of fixed work (compose, evaluation, model.pt, plot).
+  A training run costs ~1 s of fixed work (compose, evaluation, model.pt, plot); a body composes
+  its configuration with compose_once (below): Hydra's ~90 ms of CPU once per world, not per rank.
 - A test whose claim is a measured time (or a memory peak whose instant gloo's threads decide) is
   marked @pytest.mark.alone: `make test` runs two pytest-xdist workers, each with its own pools,
   whose ranks share the 2 cores (tests/conftest.py), and nothing runs beside an alone test.
