@@ -18,6 +18,11 @@ alike (they inherit this). wandb itself is tested where a test asks for it by lo
 value wins over $WANDB_MODE: tests/recipes/test_launch.py's two agents) and its settings in
 tests/train/test_metrics.py."""
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+"""One intra-op thread in pytest's own processes too, as in the pool's ranks and under torchrun (set before any test
+module imports torch; subprocesses inherit it). Two pytest-xdist workers with two OpenMP threads each, beside their
+ranks, oversubscribe the 2 cores, and OpenMP's threads spin while they wait for work."""
+
 POOLS = pytest.StashKey[PoolManager]()
 
 
