@@ -88,7 +88,9 @@ def _tour_under_torchrun(bindir: Path, elsewhere: Path, env: dict, tmp_path: Pat
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(tour_test.HOOK)
-    tour = _run([bindir / "minidist-tour", "--numel", "4096"], elsewhere, env | {"PYTHONPATH": str(hook)})
+    # OMP_NUM_THREADS unset, as in a user's shell: the launcher sets torchrun's default itself, without its warning
+    bare = {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"} | {"PYTHONPATH": str(hook)}
+    tour = _run([bindir / "minidist-tour", "--numel", "4096"], elsewhere, bare)
     assert tour.stdout.startswith("minidist-tour: 2 processes (torchrun --standalone --nproc_per_node=2); NPROC=N"), \
         tour.stdout[:300]
     assert "; N = 2, S = " in tour.stdout and not tour.stderr, tour.stderr  # no warning, no teardown reached
