@@ -264,10 +264,8 @@ class PoolManager:
 def compose_once(overrides=(), **kwargs):
     """minidist.cli.compose_config(overrides, **kwargs) in a body: rank 0 composes, the other ranks receive
     its configuration (or its error, so that every rank raises it and none waits in the broadcast).
-
-    Every rank of a body composes the same configuration, and Hydra's compose costs ~90 ms of CPU: the
-    suite's bodies composed ~560 times, half of them copies of what another rank of the same world had
-    just composed. A body must call it on every rank (it is a collective), as it calls train()."""
+    Hydra's compose costs ~90 ms of CPU: the suite's bodies composed ~560 times, half of them copies of
+    what another rank had just composed. Call it on every rank (a collective), as train() is."""
     import torch.distributed as dist
 
     from minidist.cli import compose_config
