@@ -38,6 +38,13 @@ def run_dist(_pools):
     return _pools.run
 
 
+def pytest_runtest_teardown(item):
+    """After each test, close the pools that have been idle for a while (tests.harness.IDLE_CLOSE_S)."""
+    manager = item.config.stash.get(POOLS, None)
+    if manager is not None:
+        manager.close_idle()
+
+
 def pytest_terminal_summary(terminalreporter, config):
     manager = config.stash.get(POOLS, None)
     if manager is not None and manager.starts:

@@ -67,6 +67,13 @@ PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "minidist", "minidist.
 and a body that trains a ResNet (torchvision, ~1.5 s) or plots curves (matplotlib, ~0.5 s) imports nothing.
 torch._dynamo (~1.3 s) is what torch.optim imports at an optimizer's first step, in every worker that trains."""
 
+IDLE_CLOSE_S = 30.0
+"""A pool unused for this long is closed (PoolManager.close_idle, after each test) and started again if a later
+test needs its world size. An idle rank is not free: gloo's transport thread wakes every 10 ms (epoll_wait's
+timeout), ~3.5 ms of CPU per second per rank, while starting a rank again costs ~10 ms of CPU (a fork of the
+preloaded forkserver) plus the ~0.2 s its first body spends importing what the forkserver did not (Hydra, the
+test modules). Kept for the whole session, the ~36 ranks of a run's pools spent ~30 s of its CPU asleep."""
+
 ORPHAN_POLL_S = 5.0
 """How often an idle worker checks that the session that started it is still there: a pytest killed
 mid-run (Ctrl-C twice, a CI time-out) closes no pool, and its workers would otherwise live on, holding
@@ -154,6 +161,7 @@ class WorkerPool:
             p.start()
         self.broken = False
         self._wait_ready()
+        self.last_used = time.monotonic()
 
     def _wait_ready(self) -> None:
         """Block until every worker has joined the process group (bounded)."""
@@ -207,6 +215,7 @@ class WorkerPool:
             warned = [(r, w) for r, (_, seen) in sorted(got.items()) for w in seen]
             if warned:
                 raise DistTestError(f"{fn.__name__} emitted warnings:\n" + "\n".join(f"rank {r}: {w}" for r, w in warned))
+        self.last_used = time.monotonic()
         return [got[r][0][1] for r in range(self.world_size)]
 
     def close(self, kill: bool = False, why: str | None = None) -> None:
@@ -232,6 +241,7 @@ class PoolManager:
         self._pools: dict[int, WorkerPool] = {}
         self.starts: list[tuple[int, float, str | None]] = []
         """(world size, seconds to start, what broke the pool it replaced) for every pool started."""
+        self.idle_closes = 0
 
     def get(self, world_size: int) -> WorkerPool:
         pool = self._pools.get(world_size)
@@ -249,10 +259,20 @@ class PoolManager:
                            for w in sorted({w for w, _, _ in self.starts}))
         line = f"worker pools: {len(self.starts)} started in {seconds:.1f} s (by world size {worlds})"
         rebuilt = [f"{why} (world {w})" for w, _, why in self.starts if why]
-        return line + (f"; restarted after {', '.join(rebuilt)}" if rebuilt else "")
+        idle = f"; {self.idle_closes} closed after {IDLE_CLOSE_S:.0f} s idle" if self.idle_closes else ""
+        return line + idle + (f"; restarted after {', '.join(rebuilt)}" if rebuilt else "")
 
     def run(self, world_size: int, fn, *args, **kwargs) -> list:
         return self.get(world_size).run(fn, *args, **kwargs)
+
+    def close_idle(self, idle_s: float = IDLE_CLOSE_S) -> None:
+        """Close the pools no test has used for idle_s seconds (see IDLE_CLOSE_S); get() starts them again."""
+        now = time.monotonic()
+        for world_size, pool in list(self._pools.items()):
+            if not pool.broken and now - pool.last_used > idle_s:
+                pool.close()
+                self.idle_closes += 1
+                del self._pools[world_size]
 
     def close(self) -> None:
         for pool in self._pools.values():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.harness import DistTestError, compose_once
+from tests.harness import DistTestError, PoolManager, compose_once
 
 
 def _rank_and_size():
@@ -39,6 +39,21 @@ def _warn():
 def test_pool_runs_on_every_rank(run_dist):
     assert run_dist(2, _rank_and_size) == [(0, 2), (1, 2)]
     assert run_dist(3, _rank_and_size) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_an_idle_pool_is_closed_and_started_again_when_needed():
+    manager = PoolManager()
+    try:
+        first = manager.run(1, os.getpid)
+        manager.close_idle(idle_s=60)  # used just now: kept
+        assert manager.run(1, os.getpid) == first
+        time.sleep(0.05)
+        manager.close_idle(idle_s=0.01)
+        assert manager.idle_closes == 1 and not manager._pools
+        assert manager.run(1, os.getpid) != first  # a new rank
+        assert [w for w, _, _ in manager.starts] == [1, 1] and "1 closed after" in manager.summary()
+    finally:
+        manager.close()
 
 
 def test_error_on_one_rank_fails_fast_with_its_traceback(run_dist):
