@@ -56,6 +56,22 @@ def test_an_idle_pool_is_closed_and_started_again_when_needed():
         manager.close()
 
 
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _new_group() -> int:
+    group = dist.new_group([0, 1])  # gloo: a transport thread and two run loops, alive until the group is destroyed
+    dist.all_reduce(torch.ones(1), group=group)
+    return _threads()
+
+
+def test_the_groups_a_body_creates_are_destroyed_after_it(run_dist):
+    before = run_dist(2, _threads)
+    assert all(n > b for n, b in zip(run_dist(2, _new_group), before))
+    assert run_dist(2, _threads) == before
+
+
 def test_error_on_one_rank_fails_fast_with_its_traceback(run_dist):
     t0 = time.monotonic()
     with pytest.raises(DistTestError, match="boom on rank 1"):
