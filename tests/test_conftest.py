@@ -47,3 +47,9 @@ def test_an_alone_test_runs_with_nothing_beside_it_and_the_others_in_pairs(tmp_p
     assert not beside_alone, beside_alone
     shared = [r for r in ran if r[0].startswith("shared")]
     assert any(overlap(a, b) for a in shared for b in shared), "the shared tests never ran two at a time"
+
+
+def test_what_collection_imported_is_frozen():
+    """tests/conftest.py freezes it: a gc.collect() in a test walks only what tests allocated since."""
+    import gc
+    assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()
