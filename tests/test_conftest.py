@@ -52,4 +52,4 @@ def test_an_alone_test_runs_with_nothing_beside_it_and_the_others_in_pairs(tmp_p
 def test_what_collection_imported_is_frozen():
     """tests/conftest.py freezes it: a gc.collect() in a test walks only what tests allocated since."""
     import gc
-    assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()
+    assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()  # ~50,000 with pytest alone, ~390,000 for the suite
