@@ -101,6 +101,7 @@ def _destroy_groups_since(before: set) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    # _world.pg_map is private: torch has no public list of the live groups (pinned below 2.15 in pyproject.toml)
     for group in [g for g in c10d._world.pg_map if g not in before]:
         dist.destroy_process_group(group)
 
