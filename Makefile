@@ -20,10 +20,13 @@ MAIN  := $(if $(and $(filter-out 0,$(GPUS)),$(if $(findstring experiment=,$(ARGS
 export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 unexport PYTHONDONTWRITEBYTECODE
 
-# pip without its cache (the wheels, 3 GB with CUDA's libraries, are installed once: writing them to
-# ~/.cache too cost 17 s) and without compiling every installed module (only those imported get
-# compiled, by the first process that imports them, into the cache above): 85 s -> 52 s for a fresh
-# clone's venv on 2 cores.
+# pip through scripts/install_venv.py: pip resolves once, then unpacks the wheels in two processes (pip
+# unpacks one wheel after another, ~30 s of one core for the 5.5 GB of torch and CUDA's libraries while
+# the other idled), without its cache (the wheels, 3 GB with CUDA's libraries, are installed once:
+# writing them to ~/.cache too cost 17 s) and without compiling every installed module (only those
+# imported get compiled, by the first process that imports them, into the cache above). A fresh
+# clone's venv on 2 cores: 85 s -> 52 s (no cache, no compile) -> ~44 s (two processes; the plain
+# `pip install -e '.[dev]'` took 60-62 s in the same runs).
 #
 # Then the bytecode of what nearly every process imports is compiled once, in two processes (torch and
 # minidist; the libraries beside them): otherwise the first processes of a run all compile the same
@@ -32,7 +35,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # fresh clone (one run each): suite 310 -> 295 s, machine CPU 637 -> 626 s, whole run 364 -> 362 s.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check --no-cache-dir --no-compile -q -e '.[dev]'
+	$(PY) scripts/install_venv.py
 	$(PY) -c "import matplotlib.pyplot, hydra, omegaconf, wandb, pytest, xdist" & libs=$$!; \
 	$(PY) -c "import torch._dynamo, minidist.train, minidist.compare, minidist.models.resnet, recipes.train" && wait $$libs
 	@touch $(STAMP)
