@@ -25,8 +25,8 @@ unexport PYTHONDONTWRITEBYTECODE
 # the other idled), without its cache (the wheels, 3 GB with CUDA's libraries, are installed once:
 # writing them to ~/.cache too cost 17 s) and without compiling every installed module (only those
 # imported get compiled, by the first process that imports them, into the cache above). A fresh
-# clone's venv on 2 cores: 85 s -> 52 s (no cache, no compile) -> ~44 s (two processes; the plain
-# `pip install -e '.[dev]'` took 60-62 s in the same runs).
+# clone's venv on 2 cores: 85 s -> 45-57 s (no cache, no compile) -> 37-39 s (two processes, pip >= 25
+# resolving; alternating runs, the numbers in the script).
 #
 # Then the bytecode of what nearly every process imports is compiled once, in two processes (torch and
 # minidist; the libraries beside them): otherwise the first processes of a run all compile the same
