@@ -101,7 +101,8 @@ def install_parallel(reqs: list[str], pip_args: list[str], first: str = "torch")
 
 
 def wait(procs: list[subprocess.Popen]) -> None:
-    if [p.wait() for p in procs if p.wait() != 0]:
+    codes = [p.wait() for p in procs]  # every one, not only up to the first that failed
+    if any(codes):
         sys.exit("install_venv: a pip install failed (its error is above); run `make` again to retry")
 
 
@@ -113,7 +114,7 @@ def main(argv: list[str]) -> None:
     # ~17 s (it checked each of PyPI's ~60,000 files' tags against the interpreter's, one by one)
     subprocess.run([*PIP, "install", "--quiet", "--no-cache-dir", "--upgrade", "pip>=25", *pip_args])
     if reqs is None:
-        subprocess.run([*PIP, "install", "--no-cache-dir", "--no-compile", *pip_args, "-e", f"{ROOT}[dev]"],
+        subprocess.run([*PIP, "install", "--quiet", "--no-cache-dir", "--no-compile", *pip_args, "-e", f"{ROOT}[dev]"],
                        check=True)
     else:
         install_parallel(reqs, pip_args)
