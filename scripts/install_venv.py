@@ -90,8 +90,10 @@ def install_parallel(reqs: list[str], pip_args: list[str], first: str = "torch")
     with tempfile.TemporaryDirectory() as cache:  # the resolver's downloads, reused by the installs, then gone
         head = [r for r in reqs if re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0] == first]
         procs = [subprocess.Popen([*install, "--cache-dir", cache, *head])] if head else []
-        items = resolve(reqs, pip_args, cache)
-        wait(procs)
+        try:
+            items = resolve(reqs, pip_args, cache)
+        finally:  # no pip left writing into the environment after this script
+            wait(procs)
         items = [i for i in items if not installed(i)]  # `first`, unless the resolver chose another version
         wait([subprocess.Popen([*install, "--cache-dir", cache, *part]) for part in halves(items) if part])
     # setuptools' notes on editable installs would pass for warnings (pip >= 25 shows a backend's stderr)
