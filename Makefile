@@ -22,11 +22,12 @@ unexport PYTHONDONTWRITEBYTECODE
 
 # pip through scripts/install_venv.py: pip resolves once, then unpacks the wheels in two processes (pip
 # unpacks one wheel after another, ~30 s of one core for the 5.5 GB of torch and CUDA's libraries while
-# the other idled), without its cache (the wheels, 3 GB with CUDA's libraries, are installed once:
-# writing them to ~/.cache too cost 17 s) and without compiling every installed module (only those
-# imported get compiled, by the first process that imports them, into the cache above). A fresh
-# clone's venv on 2 cores: 85 s -> 45-57 s (no cache, no compile) -> 37-39 s (two processes, pip >= 25
-# resolving; alternating runs, the numbers in the script).
+# the other idled); no wheel is kept in ~/.cache (the wheels, 3 GB with CUDA's libraries, are installed
+# once: writing them there too cost 17 s; the resolver's PyPI downloads go to a temporary cache the
+# installs reuse) and no installed module is compiled (only those imported get compiled, by the first
+# process that imports them, into the cache above). A fresh clone's venv on 2 cores: pip 85 s -> 46-52 s
+# (no cache, no compile); this rule, warm-up below included, 57.5 s -> 38 s (two processes, pip >= 25
+# resolving; one run each on a quiet machine; the script has more).
 #
 # Then the bytecode of what nearly every process imports is compiled once, in two processes (torch and
 # minidist; the libraries beside them): otherwise the first processes of a run all compile the same

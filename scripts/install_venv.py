@@ -13,8 +13,8 @@ the other core idles. So:
    (nothing is resolved again, and the halves are disjoint, so no file is written twice).
 3. The project itself, editable, with `--no-deps --no-build-isolation` (setuptools is installed by then).
 
-Measured on fresh venvs here, alternating: the plain install 45 and 57 s; this with the venv's pip 23,
-40 and 42 s; with pip upgraded first, 37 and 39 s.
+Measured on fresh venvs here: the plain install and this one with the venv's pip 23, alternating,
+45 / 40.5 s and 57 / 42 s; this one with pip upgraded first, two later runs, 37 and 39 s.
 Without tomllib (Python 3.10), or with --serial, it runs the one plain `pip install -e '.[dev]'`.
 
     python scripts/install_venv.py [--serial] [pip options ...]
