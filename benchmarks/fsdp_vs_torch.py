@@ -237,19 +237,24 @@ def _sleeping(engine: str, width: int, depth: int, seconds: float):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def _comm_time(sizes: list[int], torch_native: bool) -> float:
+def _comm_time(units: list[list[int]], torch_native: bool) -> float:
     """One step's collectives alone, blocking, back to back: per unit two all_gathers (forward,
-    backward) and one reduce_scatter, through minidist.comm (ring reduce_scatter on gloo) or torch."""
+    backward) and one reduce_scatter, each as the engine issues it. `units`: each unit's padded
+    parameters' elements. minidist: the coalesced all_gather of the unit's parameters into their
+    regions (minidist.fsdp.all_gather) and the ring reduce_scatter on gloo; torch: one flat
+    all_gather and one reduce_scatter per unit, as fully_shard issues them."""
     n = dist.get_world_size()
-    bufs = [(torch.ones(s), torch.empty(s // n)) for s in sizes]
-    gather = (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor) if torch_native \
-        else comm.all_gather
+    torch_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor) if torch_native \
         else comm.reduce_scatter
+    bufs = [(torch.ones(sum(sizes)), torch.empty(sum(sizes) // n), sizes) for sizes in units]
     t0 = time.perf_counter()
-    for full, shard in bufs + bufs[::-1]:
-        gather(full, shard)
-    for full, shard in bufs[::-1]:
+    for full, shard, sizes in bufs + bufs[::-1]:
+        if torch_native:
+            torch_gather(full, shard)
+        else:
+            comm.all_gather_coalesced(full.split(sizes), shard.split([s // n for s in sizes]))
+    for full, shard, _ in bufs[::-1]:
         scatter(shard, full)
     return time.perf_counter() - t0
 
@@ -329,7 +334,7 @@ def overlap(rounds: int) -> None:
     names = ("plain", "fsdp", "fsdp no prefetch", "fsdp2")
     models = {e: _sleeping(e, width, depth, seconds) for e in names}
     n = dist.get_world_size()
-    sizes = [-(-(width * width + width) // n) * n] * depth  # padded elements of each unit
+    units = [[-(-width // n) * n * width, -(-width // n) * n]] * depth  # padded weight and bias of each unit
     x = torch.randn(4, width)
     times: dict[str, list[float]] = {e: [] for e in (*names, "comm", "comm torch")}
     blocked: dict[str, list[list[float]]] = {e: [] for e in names}
@@ -342,9 +347,9 @@ def overlap(rounds: int) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
         dist.barrier()
-        times["comm"].append(_comm_time(sizes, torch_native=False))
+        times["comm"].append(_comm_time(units, torch_native=False))
         dist.barrier()
-        times["comm torch"].append(_comm_time(sizes, torch_native=True))
+        times["comm torch"].append(_comm_time(units, torch_native=True))
     times = {e: t[2:] for e, t in times.items()}
     med = {e: reduce_max(statistics.median(t)) for e, t in times.items()}
     overhead = {e: reduce_max(statistics.median(a - b for a, b in zip(times[e], times["plain"])))

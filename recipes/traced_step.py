@@ -10,7 +10,7 @@ would take the cores gloo's threads need, and nothing could overlap). After two 
 (DDP and ZeRO rebuild their buckets in the order gradients arrived) every rank runs one step
 inside minidist.comm.trace(), which stamps each collective's issue and completion, while a
 probe times the engine's own methods as they run: the gradient hooks, the bucket launches,
-the end-of-backward callback (DDP, ZeRO); the gathers, their waits and copy-outs, the frees
+the end-of-backward callback (DDP, ZeRO); the gathers, their waits, the frees
 and the post_backward reductions of each unit (FSDP). The probe wraps bound methods on the
 engine's objects for this one run; it changes no behaviour.
 

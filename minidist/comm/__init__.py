@@ -23,6 +23,7 @@ from torch.distributed import ReduceOp
 from minidist.comm.collectives import (
     FinishingWork,
     all_gather,
+    all_gather_coalesced,
     all_reduce,
     all_reduce_coalesced,
     all_to_all,
@@ -45,7 +46,7 @@ from minidist.comm.ring import reduce_scatter_algorithm, ring_reduce_scatter, se
 from minidist.comm.trace import Record, Trace, collect_all, hidden_share, ring_bytes_sent, trace
 
 __all__ = [
-    "ReduceOp", "FinishingWork", "all_gather", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
+    "ReduceOp", "FinishingWork", "all_gather", "all_gather_coalesced", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
     "broadcast_tensors", "Handed",
     "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "hidden_share", "collect_all", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",

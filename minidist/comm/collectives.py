@@ -261,6 +261,31 @@ def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *
     return _issue("all_gather", input, input.numel() * n, group, call)
 
 
+def all_gather_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *,
+                         group: Group = None, async_op: bool = False):
+    """all_gather every `inputs[i]` into `outputs[i]` ([rank0 | rank1 | ...], N x its numel), as one collective.
+
+    gloo gathers one flat buffer of every input and copies each rank's pieces into
+    the outputs, all on its own worker thread (the caller's thread only enqueues);
+    NCCL runs one all_gather per tensor in one group, straight into the outputs.
+    Same bytes as one all_gather of the inputs end to end; traced as that. Calls the
+    process group directly (torch's wrapper, all_gather_coalesced, is deprecated).
+
+    Collective: every rank of `group` calls it, in the same order as its other collectives.
+    """
+    outputs, inputs = list(outputs), list(inputs)
+    n = _size(group)
+
+    def call():
+        work = (group or dist.group.WORLD).allgather_into_tensor_coalesced(outputs, inputs)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    return _issue("all_gather", inputs[0], n * sum(t.numel() for t in inputs), group, call)
+
+
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op=ReduceOp.SUM, *,
                    group: Group = None, async_op: bool = False, algorithm: str | None = None):
     """Reduce `input` across ranks and leave chunk `rank` of the result in `output`.

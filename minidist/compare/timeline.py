@@ -151,7 +151,7 @@ def _draw_rank(ax, raw: dict, t0: float, y: float) -> None:
 
 
 PROBE_COLORS = {"hook": "#7f7f7f", "launch": "#d62728", "gather": "#9467bd", "wait": "black", "callback": "#17becf"}
-"""draw_step's engine row: a gradient hook, a collective's launch, a gather started, a wait (and copy-out),
+"""draw_step's engine row: a gradient hook, a collective's launch, a gather started, a wait,
 the end-of-backward callback."""
 OP_ABBREV = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC"}
 

@@ -5,9 +5,9 @@ Read in this order, each module importing only those before it:
     shard_spec      where every shard lives: MeshInfo (groups, by mesh dimension name),
                     ShardSpec (one parameter's rows, placements, devices), CPUOffloadPolicy
     param           a unit's parameters, each sharded on its own along dim 0; the unit's
-                    `local` and `full` buffers; copy-in and copy-out
+                    `local` and `full` buffers; the pieces each collective moves
     streams         where collectives run: CUDA side streams and events, or gloo's threads
-    all_gather      one unit's copy-in, all_gather, copy-out
+    all_gather      one unit's copy-in and all_gather, straight into `full`
     reduce_scatter  one unit's gradient reduction (copy-in, pre-divide, reduce_scatter,
                     replica all_reduce, post-divide) as one GradReduction object
     schedule        shared, passive data: unit order, prefetch lists and queue, sync flag

@@ -9,27 +9,29 @@ S_u = sum of c C over the unit's parameters, and the unit unsharded is P_u = n S
 
     local        S_u, master dtype     always ("parameters"); the sharded parameters are views of
                                        it, the optimizer's state is shaped like their rows
-    all_gather   P_u, param_dtype      from the gather's start (prefetch: up to `prefetch` units
-      output                           ahead of use) to its copy-out (all_gather.py)
-    full         P_u, param_dtype      from the copy-out to reshard: full_shard frees it after
-                                       forward (except the unit that ends the forward, the root)
-                                       and gathers again in backward; shard_grad_op keeps it
-                                       from forward to its post_backward
+    full         P_u, param_dtype      from its all_gather's start (prefetch: up to `prefetch`
+                                       units ahead of use; the gather lands in it, all_gather.py)
+                                       to reshard: full_shard frees it after forward (except the
+                                       unit that ends the forward, the root) and gathers again in
+                                       backward; shard_grad_op keeps it from forward to its
+                                       post_backward
     reduce input P_u, reduce dtype     from a unit's post_backward until its reduce_scatter has
                                        landed (polled at every gradient after, waited at the next
                                        post_backward): at most this one and the one being filled
     reduce out   S_u                   the averaged rows, then the sharded parameters' .grad
                                        (views) until zero_grad ("gradients")
 
-A prefetched unit holds its all_gather output where a running one holds `full`: the same
-bytes, so each instant counts P_u per unit gathered or gathering (`prefetch` units ahead,
+A prefetched unit holds its `full` from the gather's start, as a running one does, so each
+instant counts P_u per unit gathered or gathering (`prefetch` units ahead,
 forward and backward: the default schedule's one, or prefetch_ahead's lists). At a unit's post_backward its `full` is freed first, then the previous
 unit's reduce_scatter is waited on (its input freed), then the input is filled from the unit's
 unsharded gradients (alive together for that moment), which are then dropped. no_shard gathers
 nothing: the whole gradient is all-reduced and kept as the gradient.
 
-gloo's own all_gather into one tensor fills a flat copy of the output and copies it back, so
-while a prefetched unit's gather may still run ("other", an upper bound) that copy exists too;
+gloo's coalesced all_gather copies the inputs into one flat buffer (S_u) and gathers into
+another (P_u) before it places the pieces, so while a prefetched unit's gather may still run
+("other", an upper bound) those exist too, on gloo's thread (torch's allocator events see
+them, MemTracker does not);
 gloo's own reduce_scatter all-reduces a clone of its input (not minidist's ring, the default on
 gloo: minidist.comm.ring). Rank 0 holds the most: every rank's shard is padded to c rows, and
 rank 0's are all real rows (its optimizer state is the largest).
@@ -92,13 +94,13 @@ def held(layout: ModelShape, strategy: str, world: int, *, shard_size: int | Non
     base = {"parameters": sum(local) * m, "optimizer": optimizer.state_bytes([x for ps in pieces for x in ps], m),
             "other": 0}
     clone = n > 1 and backend == "gloo" and algorithm_for(backend, device_type) == "native"
-    staging = n > 1 and backend == "gloo"  # gloo's all_gather fills a flat copy of the output, then copies it
+    staging = n > 1 and backend == "gloo"  # gloo's all_gather: flat copies of the inputs and of the output
     shards = lambda units: sum(local[v] * r for v in units)  # noqa: E731 - reduced rows, in the reduce dtype
 
     def gathered(at: At, skip: int | None = None) -> dict[str, int]:
         units, in_flight = _gathered(strategy, at, last, *m_ahead)
         return {"buffers": sum(full[v] for v in units if v != skip),
-                "other": sum(full[v] for v in in_flight) if staging else 0}
+                "other": sum(full[v] + local[v] * p for v in in_flight) if staging else 0}
 
     rows = []
     for u in range(layout.units):
@@ -140,8 +142,8 @@ def live(model: nn.Module) -> dict[str, list[torch.Tensor]]:
         out["gradients"] += [fp.sharded.grad for fp in shards.params] + [fp.unsharded.grad for fp in shards.params]
         if not shards.aliased:
             out["buffers"].append(shards.full)
-        if unit.all_gather is not None:  # in flight: its output (and a cast copy of `local`)
-            out["buffers"] += [t for t in unit.all_gather.buffers if t is not None]
+        if unit.all_gather is not None:  # in flight: a cast copy of `local`, if any (`full` is counted above)
+            out["buffers"] += unit.all_gather.buffers
         if unit.reduction is not None:
             grad_input, shard_grad = unit.reduction.buffers  # no_shard: no separate input
             out["buffers"] += [grad_input] if grad_input is not None else []

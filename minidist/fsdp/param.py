@@ -13,22 +13,20 @@ shards' elements, c C each) a rank keeps:
                           p1's, ... The unsharded parameters (original shapes) are views of the
                           first R rows of each region. Its storage exists only while unsharded.
 
-The all_gather output is rank-major: [rank 0's local | rank 1's local | ...]. Copy-out
-rearranges it into `full` with one torch.split_with_sizes_copy (the output viewed (N, S_local),
-split along dim 1 into each parameter's (N, c C) block, as FSDP2's foreach_all_gather_copy_out).
-The reduce_scatter input is rank-major too: torch._chunk_cat cuts each gradient into N chunks
+The all_gather fills `full` in place: each parameter's padded shard (a piece of the send
+buffer) is gathered into its (N c C,) region, rank r's rows at r c C (gather_pieces; one
+coalesced collective, minidist.fsdp.all_gather). The reduce_scatter input is rank-major: torch._chunk_cat cuts each gradient into N chunks
 of c rows (zero-padded) and lays chunk r of every gradient into row r (FSDP2's
 foreach_reduce_scatter_copy_in), so the reduce_scatter hands rank r exactly its rows.
 
 Against FSDP1's flat parameter (one buffer of the unit's parameters end to end, cut into N
-equal pieces, minidist before this layout): the all_gather landed straight in the compute
-layout (no copy-out) and padding was at most N - 1 elements per unit; but the optimizer saw
-1-D pieces cut at arbitrary offsets (a parameter split across ranks, or absent from one).
-Here every piece is a dim-0 slice with its trailing dimensions, at the price of one copy-out
-of S_unit per all_gather and up to N - 1 padding rows per parameter.
+equal pieces, minidist before this layout): padding was at most N - 1 elements per unit; but
+the optimizer saw 1-D pieces cut at arbitrary offsets (a parameter split across ranks, or
+absent from one). Here every piece is a dim-0 slice with its trailing dimensions, at the
+price of up to N - 1 padding rows per parameter and one copy-in of S_unit per reduce_scatter.
 
 The unsharded parameters are created with Tensor.set_ on full's storage rather than as views
-of `full`, so they have their own version counter: refilling the storage (copy-out) is not an
+of `full`, so they have their own version counter: refilling the storage (all_gather) is not an
 "in-place modification" of tensors autograd saved. Their storage is resized to 0 and back,
 never replaced, so views saved by autograd stay valid across a free and a re-gather.
 
@@ -146,7 +144,7 @@ class UnitShards:
         return self.full.untyped_storage().nbytes() > 0
 
     def alloc_full(self) -> None:
-        """Give `full` its storage back (contents undefined until the copy-out)."""
+        """Give `full` its storage back (contents undefined until the all_gather lands)."""
         if not self.aliased and not self.is_allocated and self._full_bytes:
             self.full.untyped_storage().resize_(self._full_bytes)
 
@@ -155,19 +153,20 @@ class UnitShards:
         if not self.aliased and self.is_allocated:
             self.full.untyped_storage().resize_(0)
 
-    # -- copy-in and copy-out of the all_gather -----------------------------------------------
+    # -- the all_gather's copy-in and pieces ----------------------------------------------------
     def gather_input(self) -> torch.Tensor:
         """Copy-in: this rank's send buffer, `local` in param_dtype on the compute device (`local` itself if so)."""
         return self.local.to(device=self.compute_device, dtype=self.param_dtype, non_blocking=True)
 
-    @torch.no_grad()
-    def copy_out(self, gathered: torch.Tensor) -> None:
-        """Copy-out: the rank-major all_gather output (N S_local,) into the parameter-major `full`."""
-        if self.world == 1:
-            self.full.copy_(gathered)
-        elif self.params:
-            torch.split_with_sizes_copy(gathered.view(self.world, self.local_numel), self.split_sizes, dim=1,
-                                        out=self._full_blocks)
+    def gather_pieces(self, send: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(inputs, outputs) of the coalesced all_gather: each parameter's padded shard in `send`, and
+        its (N c C,) region of `full`, where rank r's rows land at r c C. Empty parameters are left out."""
+        ins, outs = [], []
+        for off, size, block in zip(self.offsets, self.split_sizes, self._full_blocks):
+            if size:
+                ins.append(send[off:off + size])
+                outs.append(block.view(-1))
+        return ins, outs
 
     # -- which parameters the module attributes hold -------------------------------------------
     def install_unsharded(self) -> None:

@@ -12,10 +12,9 @@ communication hides behind compute.
 Prefetch, as FSDP2 does it. By default (implicit prefetch) each unit gathers the next
 unit in the recorded order, at most DEFAULT_PREFETCH = 1 unit ahead of use: one unit ahead
 hides a unit's all_gather whenever a unit computes at least as long as it gathers. A unit
-being gathered holds its all_gather output, S_unit, so peak parameter memory is (units in
-use + 1) units plus 1/N of everything else; a copy-out briefly holds a unit's output and
-its unsharded parameters together (benchmarks/fsdp_vs_torch.py --mode memory measures the
-default against FSDP2's). Explicit prefetch replaces the default for a unit:
+being gathered holds its `full`, S_unit, from the gather's start, so peak parameter memory
+is (units in use + 1) units plus 1/N of everything else (benchmarks/fsdp_vs_torch.py --mode
+memory measures the default against FSDP2's). Explicit prefetch replaces the default for a unit:
 FSDPUnit.set_modules_to_forward_prefetch([...]) / set_modules_to_backward_prefetch([...])
 (FSDP2's names) list the units whose all_gathers that unit issues as soon as its own
 parameters are installed; every listed unit adds S_unit to the peak while it waits for

@@ -8,9 +8,9 @@ three states, and every move is asserted against SHARDED_TRANSITIONS:
        ^                                                          |
        +------------------------- reshard ------------------------+
 
-    _start_unshard   copy-in and start the all_gather (minidist.fsdp.all_gather); the
-                     output (S_unit bytes) is allocated now
-    _finish_unshard  wait for it, copy out into `full`, install the unsharded params
+    _start_unshard   allocate `full` (S_unit bytes), copy-in and start the all_gather into
+                     it (minidist.fsdp.all_gather)
+    _finish_unshard  wait for it, install the unsharded params
     reshard          install the shards and free `full` (after waiting for a prefetch
                      that was never used: its output is still being written)
 
@@ -37,7 +37,7 @@ class ShardedState(enum.Enum):
     SHARDED = enum.auto()
     """Only `local` holds values; module attributes hold the sharded params; `full` has no storage."""
     GATHERING = enum.auto()
-    """The unit's all_gather is in flight (its output allocated); attributes still hold the shards."""
+    """The unit's all_gather into `full` is in flight; attributes still hold the shards."""
     UNSHARDED = enum.auto()
     """`full` is filled; module attributes hold the unsharded params."""
 
@@ -77,9 +77,9 @@ class ShardedUnit:
             self._gather = start_all_gather(self.shards, self.mesh, self.streams)
 
     def _finish_unshard(self) -> None:
-        """GATHERING -> UNSHARDED: wait for the all_gather, copy out into `full`, install the unsharded params."""
+        """GATHERING -> UNSHARDED: wait for the all_gather into `full`, install the unsharded params."""
         self._to(ShardedState.UNSHARDED)
-        if self.schedule.last_reduction is not None:  # its input may have landed: free it before `full` exists
+        if self.schedule.last_reduction is not None:  # its input may have landed: free it now
             self.schedule.last_reduction.poll()
         if self._gather is not None:
             self._gather.wait()
@@ -96,7 +96,7 @@ class ShardedUnit:
 
     def reshard(self) -> None:
         """-> SHARDED: install the shards and free `full` (after waiting for a prefetch never used)."""
-        if self.sharded_state is ShardedState.GATHERING:  # a prefetch never used: its output is still being written
+        if self.sharded_state is ShardedState.GATHERING:  # a prefetch never used: `full` is still being written
             self.schedule.became_current(self)
             self._finish_unshard()
         if self.sharded_state is ShardedState.UNSHARDED:

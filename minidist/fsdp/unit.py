@@ -13,9 +13,8 @@ and the training state, moved by the hooks defined here:
 
 Per training step, one unit goes (minidist.fsdp.all_gather, minidist.fsdp.reduce_scatter):
 
-    pre_forward    unshard: start_all_gather (copy-in, all_gather; or take the prefetched
-                   one), wait (copy-out into `full`, allocated then), install the
-                   unsharded params; prefetch: the units set with
+    pre_forward    unshard: start_all_gather (allocate `full`, copy-in, all_gather into it;
+                   or take the prefetched one), wait, install the unsharded params; prefetch: the units set with
                    set_modules_to_forward_prefetch, else the next unit in forward
                    order (schedule.py)
     compute        the module's forward, on the unsharded params

@@ -8,8 +8,10 @@ empty: minidist.fsdp.prefetch_ahead(units, 0, 0)). By default, as FSDP2, each un
 issues the all_gather of the unit that runs next (next in forward order; the reverse in
 backward) as soon as it starts, so the gather hides behind the current unit's compute, if
 that compute lasts at least as long as the gather. The price is memory: one more unit's
-buffer alive while a unit computes (the prefetch lists bound how many). It need not raise the peak: without prefetch, each gather's copy-out holds
-the all_gather output and the unsharded parameters, two units' worth, for a moment.
+`full` alive while a unit computes, from its gather's start (the prefetch lists bound how
+many). How much of it reaches the peak depends on what else is alive then: in backward, a
+unit's reduce_scatter input lives until the collective has landed, so when a gather starts
+against when a reduction lands moves the peak by up to a unit.
 
 The layers' forward and backward sleep (emulated accelerator compute): on two
 CPU cores, real matmuls would compete with gloo's threads for the cores.
@@ -41,8 +43,8 @@ TITLE = "FSDP prefetch on/off: step time and peak memory (emulated compute)"
 
 CLAIM = ("prefetch issues {ahead_on} of the {hideable} forward all_gathers that can hide before the unit ahead of "
          "them starts computing (without: {ahead_off}; torch's profiler), for {more_units} more unit gathered at once "
-         "(peaks {extra:+.1f} MiB per rank apart, at most the extra unit's two buffers, its all_gather output and "
-         "its parameters, 2 x {unit:.1f} MiB; when a landed gather is freed moves the peak), "
+         "(peaks {extra:+.1f} MiB per rank apart, at most two units, 2 x {unit:.1f} MiB: the extra unit's parameters, "
+         "and a reduce_scatter input that has not landed yet when they are allocated), "
          "and makes the forward {fwd:.2f}x faster (> 1.05; backward {bwd:.2f}x)")
 
 

@@ -106,12 +106,21 @@ def test_reduce_ops(run_dist, world):
 
 
 def _moves_data():
-    """all_gather (list and flat), reduce_scatter (list input), all_to_all, async broadcast."""
+    """all_gather (list, flat and coalesced), reduce_scatter (list input), all_to_all, async broadcast."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = torch.full((3,), float(rank))
     flat = torch.empty(3 * world)
     comm.all_gather(flat, mine, async_op=True).wait()
     assert flat.tolist() == [float(r) for r in range(world) for _ in range(3)]
+    # all_gather_coalesced: each input into its own output, rank r's piece at r x its numel; one collective
+    dest = torch.full((4 * world,), -1.0)  # [a from every rank | b from every rank], as FSDP's `full`
+    a, b = torch.full((3,), float(rank)), torch.tensor([rank + 0.5])
+    with comm.trace() as tr:
+        comm.all_gather_coalesced([dest[:3 * world], dest[3 * world:]], [a, b], async_op=True).wait()
+    assert dest.tolist() == [float(r) for r in range(world) for _ in range(3)] + [r + 0.5 for r in range(world)]
+    assert [(r.op, r.numel, r.sent_bytes) for r in tr.records] == [("all_gather", 4 * world, 4 * 4 * (world - 1))]
+    comm.all_gather_coalesced([dest[3 * world:]], [b + 1])
+    assert dest[3 * world:].tolist() == [r + 1.5 for r in range(world)]
     parts = [torch.full((2,), float(rank * 10 + j)) for j in range(world)]
     out = torch.empty(2)
     comm.reduce_scatter(out, parts)
