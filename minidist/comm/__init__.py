@@ -2,6 +2,7 @@
 
     from minidist import comm
     comm.all_reduce(t)                       # stateless, delegates to torch.distributed
+    comm.reduce_scatter_coalesced(outs, ins) # many tensors, one collective, each where it lies: coalesced.py
     comm.broadcast_tensors(params, group=g)  # every rank starts from group rank 0's values
     with comm.trace() as tr: ...             # what was sent, how many bytes, how long (and what "hidden" means)
     model = comm.calibrate(); model.predict("all_reduce", S, N)
@@ -23,9 +24,7 @@ from torch.distributed import ReduceOp
 from minidist.comm.collectives import (
     FinishingWork,
     all_gather,
-    all_gather_coalesced,
     all_reduce,
-    all_reduce_coalesced,
     all_to_all,
     barrier,
     broadcast,
@@ -35,6 +34,7 @@ from minidist.comm.collectives import (
     reduce_scatter,
     scatter,
 )
+from minidist.comm.coalesced import all_gather_coalesced, all_reduce_coalesced, reduce_scatter_coalesced
 from minidist.comm import flight_recorder, kernel_io
 from minidist.comm.release import Handed
 from minidist.comm.replicate import broadcast_tensors
@@ -48,7 +48,7 @@ from minidist.comm.trace import Record, Trace, collect_all, hidden_share, ring_b
 __all__ = [
     "ReduceOp", "FinishingWork", "all_gather", "all_gather_coalesced", "all_reduce", "all_reduce_coalesced", "all_to_all", "barrier", "broadcast",
     "broadcast_tensors", "Handed",
-    "gather", "global_rank", "reduce", "reduce_scatter", "scatter", "CostModel", "calibrate", "Record", "Trace",
+    "gather", "global_rank", "reduce", "reduce_scatter", "reduce_scatter_coalesced", "scatter", "CostModel", "calibrate", "Record", "Trace",
     "ring_bytes_sent", "trace", "hidden_share", "collect_all", "reduce_scatter_algorithm", "ring_reduce_scatter", "set_reduce_scatter_algorithm",
     "flight_recorder", "kernel_io", "set_debug", "CollectiveMismatchError", "CollectiveTimeoutError",
     "P2POp", "batch_isend_irecv", "isend", "irecv",

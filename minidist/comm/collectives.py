@@ -183,37 +183,6 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, as
     return _issue("all_reduce", tensor, tensor.numel(), group, call)
 
 
-def all_reduce_coalesced(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, *, group: Group = None,
-                         async_op: bool = False):
-    """all_reduce every tensor of `tensors` (one dtype and device), in place, as one collective.
-
-    gloo flattens them into one buffer, reduces it and copies the result back,
-    all on its own worker thread (the caller's thread only enqueues); NCCL runs
-    one all_reduce per tensor in one group. Traced as one all_reduce of their
-    total size. Calls the process group directly: torch's wrapper
-    (dist.all_reduce_coalesced) warns that it is deprecated.
-
-    Collective: every rank of `group` calls it, in the same order as its other collectives.
-    """
-    _check_op(op)
-    tensors = list(tensors)
-    avg_on_gloo = op == ReduceOp.AVG and _is_gloo(group)
-
-    def call():
-        opts = dist.AllreduceCoalescedOptions()
-        opts.reduceOp = ReduceOp.SUM if avg_on_gloo else op
-        work = (group or dist.group.WORLD).allreduce_coalesced(tensors, opts)
-        if avg_on_gloo:
-            n = _size(group)
-            work = FinishingWork(work, lambda: [t.div_(n) for t in tensors])
-        if async_op:
-            return work
-        work.wait()
-        return None
-
-    return _issue("all_reduce", tensors[0], sum(t.numel() for t in tensors), group, call)
-
-
 def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group = None,
            group_dst: int | None = None, async_op: bool = False):
     """Reduce `tensor` across ranks onto rank `dst` (or group rank `group_dst`). Only dst's tensor is meaningful afterwards.
@@ -261,31 +230,6 @@ def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *
     return _issue("all_gather", input, input.numel() * n, group, call)
 
 
-def all_gather_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *,
-                         group: Group = None, async_op: bool = False):
-    """all_gather every `inputs[i]` into `outputs[i]` ([rank0 | rank1 | ...], N x its numel), as one collective.
-
-    gloo gathers one flat buffer of every input and copies each rank's pieces into
-    the outputs, all on its own worker thread (the caller's thread only enqueues);
-    NCCL runs one all_gather per tensor in one group, straight into the outputs.
-    Same bytes as one all_gather of the inputs end to end; traced as that. Calls the
-    process group directly (torch's wrapper, all_gather_coalesced, is deprecated).
-
-    Collective: every rank of `group` calls it, in the same order as its other collectives.
-    """
-    outputs, inputs = list(outputs), list(inputs)
-    n = _size(group)
-
-    def call():
-        work = (group or dist.group.WORLD).allgather_into_tensor_coalesced(outputs, inputs)
-        if async_op:
-            return work
-        work.wait()
-        return None
-
-    return _issue("all_gather", inputs[0], n * sum(t.numel() for t in inputs), group, call)
-
-
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op=ReduceOp.SUM, *,
                    group: Group = None, async_op: bool = False, algorithm: str | None = None):
     """Reduce `input` across ranks and leave chunk `rank` of the result in `output`.
@@ -305,12 +249,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Te
     def run(real_op):
         if impl == "ring":
             return _ring.ring_reduce_scatter(output, flat, group, async_op, real_op)
-        try:
-            return _reduce_scatter_single(output, flat.view_as(flat), real_op, group=group, async_op=async_op)
-        except RuntimeError as e:
-            if "does not support" not in str(e):
-                raise
-            return _reduce_scatter_by_all_reduce(output, flat, real_op, group, async_op)
+        return _native_reduce_scatter(output, flat, real_op, group, async_op)
 
     def call():
         if op == ReduceOp.AVG and (impl == "ring" or _is_gloo(group)):
@@ -318,6 +257,16 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Te
         return run(op)
 
     return _issue("reduce_scatter", output, flat.numel(), group, call, algorithm=impl)
+
+
+def _native_reduce_scatter(output, flat, op, group, async_op):
+    """The backend's reduce_scatter, or on a backend without one the all_reduce fallback below."""
+    try:
+        return _reduce_scatter_single(output, flat.view_as(flat), op, group=group, async_op=async_op)
+    except RuntimeError as e:
+        if "does not support" not in str(e):
+            raise
+        return _reduce_scatter_by_all_reduce(output, flat, op, group, async_op)
 
 
 def _reduce_scatter_by_all_reduce(output, flat, op, group, async_op):

@@ -23,33 +23,27 @@ Who chooses: collectives.reduce_scatter(..., algorithm=) with "native", "ring" o
 "auto" picks the ring where the native collective moves more than the ring minimum: gloo on
 CPU tensors; NCCL's reduce_scatter is already a ring.
 
-async_op on CPU tensors: the ring runs on a lane, one thread per process group that runs the
-group's rings in issue order. Order matters: every rank must post its sends and receives in
-the same order; every rank issues a group's collectives in the same order, so a FIFO per
-group keeps messages matched (they carry their own tag, apart from user point-to-point
-traffic). One lane per group, not per process, so rings on two groups progress
-independently, as native collectives do: ranks issuing them in different orders cannot
-deadlock. At interpreter exit each lane finishes its queued rings and is joined, so no Work
-handle outlives the process group. On CUDA (NCCL) the ring runs on the caller's thread: the
-sends, receives and adds are queued on streams and the host does not block, so the handle
-comes back complete on the host, its result ordered on the current stream.
+Coalesced (FSDP's gradients): `output` and `input` may be lists, input i holding N x
+output i's elements. Rank j's chunk is then the j-th N-th of every input, end to end: the
+ring reads the pieces where they lie (the chunk it sends first is the one copy; each received
+chunk is reduced with them piece by piece) and writes the outputs, end to end, so no
+rank-major copy of the inputs is ever made.
+
+async_op on CPU tensors: the ring runs on its group's lane (minidist.comm.lane), one thread
+per process group that runs the group's rings in issue order.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import datetime
-import os
-import queue
-import threading
-from typing import Callable, Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from minidist.comm.groups import Group, global_rank
+from minidist.comm.lane import dispatch
 
 ALGORITHMS = ("auto", "native", "ring")
 _TAG = 0x52494E47  # "RING": keeps the ring's messages apart from the user's point-to-point ones
@@ -102,67 +96,75 @@ def algorithm_for(backend: str, device_type: str = "cpu", algorithm: str | None 
     return name
 
 
-def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Group = None, async_op: bool = False,
-                        op=ReduceOp.SUM):
+def ring_reduce_scatter(output: torch.Tensor | Sequence[torch.Tensor], input: torch.Tensor | Sequence[torch.Tensor],
+                        group: Group = None, async_op: bool = False, op=ReduceOp.SUM):
     """Reduce `input` (N * output.numel() elements) over `group`; chunk `rank` lands in `output`.
 
-    Returns None, or with async_op a RingWork to wait() on before reading `output`. A collective:
-    every rank of `group` calls it, in the same order as its other collectives.
+    Or coalesced, lists of the same length (module docstring): input i (N * output i's elements)
+    reduced into output i, all in one ring. Returns None, or with async_op a RingWork to wait()
+    on before reading the output. A collective: every rank of `group` calls it, in the same
+    order as its other collectives.
     """
     if op not in _COMBINE:
         raise ValueError(f"ring reduce_scatter reduces with SUM, PRODUCT, MIN or MAX, got {op}")
+    outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+    inputs = [input] if isinstance(input, torch.Tensor) else list(input)
     n = dist.get_world_size(group)
-    if input.numel() != output.numel() * n:
-        raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected {n} x {output.numel()}")
-    run = lambda: _ring(output, input, op, group)  # noqa: E731
-    if output.device.type != "cpu" or n == 1:  # stream-ordered on CUDA: the host does not block
-        return _run_now(run, output, async_op)
-    lane = _lane(group, create=async_op)
-    if not async_op and (lane is None or lane.idle()):
-        return _run_now(run, output, async_op)
-    work = RingWork(output, run)  # behind this group's queued rings, in issue order
-    lane.submit(work._run)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    if len(inputs) != len(outputs) or any(x.numel() != o.numel() * n for o, x in zip(outputs, inputs)):
+        raise ValueError(f"reduce_scatter: inputs of {[x.numel() for x in inputs]} elements, expected {n} x "
+                         f"{[o.numel() for o in outputs]}")
+    return dispatch(lambda: _ring(outputs, inputs, op, group), outputs[0], group, async_op)
 
 
-def _run_now(run: Callable[[], None], output: torch.Tensor, async_op: bool):
-    if not async_op:
-        run()
+def _span(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> torch.Tensor | None:
+    """The outputs as one flat tensor, if they lie end to end in one storage that no input shares."""
+    first = outputs[0]
+    storage = first.untyped_storage().data_ptr()
+    offset = first.storage_offset()
+    for o in outputs:
+        if not o.is_contiguous() or o.untyped_storage().data_ptr() != storage or o.storage_offset() != offset:
+            return None
+        offset += o.numel()
+    if any(x.untyped_storage().data_ptr() == storage for x in inputs):
         return None
-    work = RingWork(output)
-    work._run(run)
-    return work
+    return first.as_strided((offset - first.storage_offset(),), (1,))
 
 
-def _ring(output: torch.Tensor, input: torch.Tensor, op, group: Group) -> None:
+def _ring(outputs: list[torch.Tensor], inputs: list[torch.Tensor], op, group: Group) -> None:
     """The N-1 steps of the module docstring, on the calling thread."""
-    n, k = dist.get_world_size(group), output.numel()
+    n, sizes = dist.get_world_size(group), [o.numel() for o in outputs]
+    k = sum(sizes)
     if k == 0:
         return
-    chunks = input.reshape(-1).split(k)
-    aliased = output.untyped_storage().data_ptr() == input.untyped_storage().data_ptr()
-    in_place = output.is_contiguous() and not aliased  # else the last step lands in a scratch chunk
-    out = output.view(-1) if in_place else torch.empty_like(chunks[0])
+    pieces = [x.reshape(-1).split(size) for x, size in zip(inputs, sizes)]  # pieces[i][j]: input i's chunk j
+    combine = _COMBINE[op]
+
+    def chunk(j: int) -> torch.Tensor:  # rank j's chunk: one input's as it lies, several copied end to end
+        return pieces[0][j] if len(pieces) == 1 else torch.cat([p[j] for p in pieces])
+
+    def reduce_into(acc: torch.Tensor, j: int) -> None:  # acc op= rank j's chunk, piece by piece, in place
+        for a, p in zip(acc.split(sizes), pieces):
+            combine(a, p[j])
+
+    span = _span(outputs, inputs)
+    out = span if span is not None else torch.empty(k, dtype=inputs[0].dtype, device=inputs[0].device)
     if n == 1:
-        out.copy_(chunks[0])
+        out.copy_(chunk(0))
     else:
         r = dist.get_rank(group)
         right, left = global_rank(group, (r + 1) % n), global_rank(group, (r - 1) % n)
-        combine = _COMBINE[op]
         scratch = [torch.empty_like(out) for _ in range(min(2, n - 2))]
-        send = chunks[(r - 1) % n]
+        send = chunk((r - 1) % n)
         for s in range(n - 1):
             recv = out if s == n - 2 else scratch[s % 2]  # never the buffer being sent
             works = (dist.isend(send, right, group=group, tag=_TAG), dist.irecv(recv, left, group=group, tag=_TAG))
             for w in works:
                 w.wait()
-            combine(recv, chunks[(r - 2 - s) % n])
+            reduce_into(recv, (r - 2 - s) % n)
             send = recv
-    if not in_place:
-        output.copy_(out.view_as(output))
+    if span is None:
+        for o, piece in zip(outputs, out.split(sizes)):
+            o.copy_(piece.view_as(o))
 
 
 def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: Group = None, async_op: bool = False):
@@ -178,18 +180,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: Group = No
     if output.numel() != input.numel() * n or not output.is_contiguous():
         raise ValueError(f"all_gather: output must be contiguous with {n} x {input.numel()} elements, "
                          f"got {output.numel()}")
-    run = lambda: _gather_ring(output, input, group)  # noqa: E731
-    if output.device.type != "cpu" or n == 1:
-        return _run_now(run, output, async_op)
-    lane = _lane(group, create=async_op)
-    if not async_op and (lane is None or lane.idle()):
-        return _run_now(run, output, async_op)
-    work = RingWork(output)
-    lane.submit(lambda: work._run(run))
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return dispatch(lambda: _gather_ring(output, input, group), output, group, async_op)
 
 
 def _gather_ring(output: torch.Tensor, input: torch.Tensor, group: Group) -> None:
@@ -206,99 +197,3 @@ def _gather_ring(output: torch.Tensor, input: torch.Tensor, group: Group) -> Non
             w.wait()
 
 
-class RingWork:
-    """The handle of an asynchronous ring: wait(), is_completed(), get_future(), as a Work has."""
-
-    def __init__(self, output: torch.Tensor, ring: Callable[[], None] | None = None):
-        self._output = output
-        self._ring = ring
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._future: torch.futures.Future = torch.futures.Future()
-
-    def _run(self, ring: Callable[[], None] | None = None) -> None:
-        """Run the ring, drop it (and the input it holds), then complete the future and wake wait().
-
-        Dropped before waking the caller: the caller, not the lane, then releases the input
-        last, on its own thread (where torch's profiler sees the free: minidist.compare.allocator).
-        """
-        ring, self._ring = ring or self._ring, None
-        try:
-            ring()
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
-            self._error = e
-        ring = None  # noqa: F841
-        if self._error is not None:
-            self._future.set_exception(self._error)
-        else:
-            self._future.set_result([self._output])
-        self._done.set()
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        seconds = None if timeout is None else timeout.total_seconds()
-        if not self._done.wait(seconds):
-            raise RuntimeError(f"ring reduce_scatter did not finish within {timeout}")
-        if self._error is not None:
-            raise RuntimeError(f"ring reduce_scatter failed: {self._error}") from self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-
-class _Lane:
-    """A thread that runs one process group's rings, one after the other."""
-
-    def __init__(self, name: str):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending = 0  # submitted and not finished; written under _LANES_LOCK
-        self._thread = threading.Thread(target=self._loop, name=f"minidist-ring-{name}", daemon=True)
-        self._thread.start()
-
-    def idle(self) -> bool:
-        return self._pending == 0
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with _LANES_LOCK:
-            self._pending += 1
-        self._jobs.put(job)
-
-    def stop(self) -> None:
-        """Finish the queued rings, then end the thread."""
-        self._jobs.put(None)
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
-            del job  # the ring's tensors: the caller frees them when it drops them, not when the next ring comes
-            with _LANES_LOCK:
-                self._pending -= 1
-
-
-_LANES: dict[str, _Lane] = {}
-_LANES_LOCK = threading.Lock()
-
-
-def _lane(group: Group, create: bool) -> _Lane | None:
-    name = (group if group is not None else dist.group.WORLD).group_name  # None and WORLD: one lane
-    with _LANES_LOCK:
-        lane = _LANES.get(name)
-        if lane is None and create:
-            lane = _LANES[name] = _Lane(name)
-    return lane
-
-
-@atexit.register
-def _stop_lanes() -> None:
-    with _LANES_LOCK:
-        lanes = list(_LANES.values())
-        _LANES.clear()
-    for lane in lanes:
-        lane.stop()
-
-
-os.register_at_fork(after_in_child=_LANES.clear)  # a forked child has none of the parent's threads

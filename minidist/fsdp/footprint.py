@@ -15,25 +15,29 @@ S_u = sum of c C over the unit's parameters, and the unit unsharded is P_u = n S
                                        unit that ends the forward, the root) and gathers again in
                                        backward; shard_grad_op keeps it from forward to its
                                        post_backward
-    reduce input P_u, reduce dtype     from a unit's post_backward until its reduce_scatter has
-                                       landed (polled at every gradient after, waited at the next
-                                       post_backward): at most this one and the one being filled
+    reduce input P_u, reduce dtype     the unit's gradients themselves (padded where N does not
+                                       divide a parameter's rows), from its post_backward until
+                                       its reduce_scatter has landed (polled at every gradient
+                                       after, waited at the next post_backward): at most this
+                                       one and the one being computed
     reduce out   S_u                   the averaged rows, then the sharded parameters' .grad
                                        (views) until zero_grad ("gradients")
 
 A prefetched unit holds its `full` from the gather's start, as a running one does, so each
 instant counts P_u per unit gathered or gathering (`prefetch` units ahead,
 forward and backward: the default schedule's one, or prefetch_ahead's lists). At a unit's post_backward its `full` is freed first, then the previous
-unit's reduce_scatter is waited on (its input freed), then the input is filled from the unit's
-unsharded gradients (alive together for that moment), which are then dropped. no_shard gathers
-nothing: the whole gradient is all-reduced and kept as the gradient.
+unit's reduce_scatter is waited on (its gradients dropped), then the unit's own gradients
+become the next reduction's input, without a copy (reduce_scatter.py). no_shard gathers
+nothing: the whole gradient (the unit's gradients end to end, a copy of them for that
+moment) is all-reduced and kept as the gradient.
 
 gloo's coalesced all_gather copies the inputs into one flat buffer (S_u) and gathers into
 another (P_u) before it places the pieces, so while a prefetched unit's gather may still run
 ("other", an upper bound) those exist too, on gloo's thread (torch's allocator events see
 them, MemTracker does not);
-gloo's own reduce_scatter all-reduces a clone of its input (not minidist's ring, the default on
-gloo: minidist.comm.ring). Rank 0 holds the most: every rank's shard is padded to c rows, and
+gloo's own reduce_scatter all-reduces a clone of its input, which
+comm.reduce_scatter_coalesced first copies rank-major (not minidist's ring, the default on
+gloo: minidist.comm.ring): two copies of the gradients beside them. Rank 0 holds the most: every rank's shard is padded to c rows, and
 rank 0's are all real rows (its optimizer state is the largest).
 """
 
@@ -120,14 +124,14 @@ def held(layout: ModelShape, strategy: str, world: int, *, shard_size: int | Non
         done = list(range(u + 1, last + 1))
         gathered_u = gathered(At("backward", u), skip=u)["buffers"]
         previous = reduce_in[u + 1] if u < last else 0
-        if clone and previous:  # freed `full`, waiting for the previous reduce_scatter: its input twice
-            rows.append(Held(At("post_backward", u, 0), base | {"buffers": gathered_u + previous, "other": previous,
+        if clone and previous:  # freed `full`, waiting for the previous reduce_scatter: its input thrice
+            rows.append(Held(At("post_backward", u, 0), base | {"buffers": gathered_u + previous, "other": 2 * previous,
                                                                 "gradients": shards(done)}, (u, 0),
                              f"unit {u}'s post_backward, gloo's reduce_scatter clone alive"))
         filled = {"buffers": gathered_u + reduce_in[u], "gradients": shards(done)} if n > 1 else \
             {"buffers": gathered_u, "gradients": shards(done) + local[u] * r}  # no_shard: the input is the gradient
-        rows.append(Held(At("post_backward", u, 1), base | filled, (u, 0),
-                         f"unit {u}'s post_backward, its reduce input filled"))
+        rows.append(Held(At("post_backward", u, 1), base | filled, (0,) if n > 1 else (u, 0),
+                         f"unit {u}'s post_backward, its gradients handed to the reduction"))
     rows.append(Held(At("optimizer"), base | {"gradients": sum(local) * m, "other": optimizer.temporaries(
         [x for ps in pieces for x in ps], m)}, (), "optimizer step"))
     return rows
@@ -145,7 +149,7 @@ def live(model: nn.Module) -> dict[str, list[torch.Tensor]]:
         if unit.all_gather is not None:  # in flight: a cast copy of `local`, if any (`full` is counted above)
             out["buffers"] += unit.all_gather.buffers
         if unit.reduction is not None:
-            grad_input, shard_grad = unit.reduction.buffers  # no_shard: no separate input
-            out["buffers"] += [grad_input] if grad_input is not None else []
+            grad_inputs, shard_grad = unit.reduction.buffers  # no_shard: no separate input
+            out["buffers"] += grad_inputs
             out["gradients"] += [shard_grad] if shard_grad is not None else []
     return out

@@ -15,15 +15,19 @@ shards' elements, c C each) a rank keeps:
 
 The all_gather fills `full` in place: each parameter's padded shard (a piece of the send
 buffer) is gathered into its (N c C,) region, rank r's rows at r c C (gather_pieces; one
-coalesced collective, minidist.fsdp.all_gather). The reduce_scatter input is rank-major: torch._chunk_cat cuts each gradient into N chunks
-of c rows (zero-padded) and lays chunk r of every gradient into row r (FSDP2's
-foreach_reduce_scatter_copy_in), so the reduce_scatter hands rank r exactly its rows.
+coalesced collective, minidist.fsdp.all_gather). The reduce_scatter reads the gradients where
+they lie, each parameter's (N c C,) gradient (zero-padded when N does not divide its rows) as
+one input of a coalesced reduce_scatter (reduce_pieces), whose output lands laid as `local`:
+rank r receives every parameter's rows r c .. (r+1) c, summed. FSDP2 instead copies the
+gradients into one rank-major buffer first (foreach_reduce_scatter_copy_in): one pass over
+S_unit, and for that moment the gradients twice.
 
 Against FSDP1's flat parameter (one buffer of the unit's parameters end to end, cut into N
 equal pieces, minidist before this layout): padding was at most N - 1 elements per unit; but
 the optimizer saw 1-D pieces cut at arbitrary offsets (a parameter split across ranks, or
 absent from one). Here every piece is a dim-0 slice with its trailing dimensions, at the
-price of up to N - 1 padding rows per parameter and one copy-in of S_unit per reduce_scatter.
+price of up to N - 1 padding rows per parameter (and, where a parameter has them, a padded
+copy of its gradient).
 
 The unsharded parameters are created with Tensor.set_ on full's storage rather than as views
 of `full`, so they have their own version counter: refilling the storage (all_gather) is not an
@@ -187,26 +191,32 @@ class UnitShards:
         return any(fp.unsharded.grad is not None for fp in self.params)
 
     @torch.no_grad()
-    def reduce_input(self, dtype: torch.dtype) -> torch.Tensor:
-        """Copy-in of the reduction: the unsharded gradients, rank-major (N S_local,) in `dtype`.
+    def reduce_pieces(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The reduction's inputs: each parameter's unsharded gradient, flat, (N c C,) in `dtype`.
 
-        Chunk r of every gradient (c rows, zero-padded) lands in row r of the (N, S_local)
-        view. Zeros stand in for a missing gradient, so every rank reduces the same layout.
-        The unsharded .grad tensors are dropped: the input is the only copy afterwards.
+        A gradient is used where it lies when it has N c rows already, in `dtype`; one whose rows
+        N does not divide gets a zero-padded copy (rows past R), one in another dtype a cast.
+        Zeros stand in for a missing gradient, so every rank reduces the same layout; an empty
+        parameter gives no piece. The unsharded .grad tensors are dropped: the pieces hold them now.
         """
-        out = torch.empty(self.padded, dtype=dtype, device=self.compute_device)
-        grads = []
+        pieces = []
         for fp in self.params:
-            g = fp.unsharded.grad
-            fp.unsharded.grad = None
-            if fp.spec.padded_shard_numel:  # an empty parameter adds no column
-                g = torch.zeros_like(fp.unsharded) if g is None else g
-                grads.append(g.reshape(fp.spec.rows, fp.spec.row_numel))
-        if grads:
-            torch._chunk_cat(grads, 0, self.world, out=out.view(self.world, self.local_numel))
-        else:
-            out.zero_()
-        return out
+            g, fp.unsharded.grad = fp.unsharded.grad, None
+            numel = self.world * fp.spec.padded_shard_numel
+            if not numel:
+                continue
+            if g is not None and g.dtype == dtype and g.numel() == numel and g.is_contiguous():
+                pieces.append(g.view(-1))
+                continue
+            piece = torch.zeros(numel, dtype=dtype, device=self.compute_device)
+            if g is not None:
+                piece[:g.numel()].copy_(g.reshape(-1))
+            pieces.append(piece)
+        return pieces
+
+    def local_pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each non-empty parameter's padded shard in a (S_local,) tensor laid as `local`, in reduce_pieces' order."""
+        return [flat[off:off + size] for off, size in zip(self.offsets, self.split_sizes) if size]
 
     def accumulate_sharded_grads(self, shard_grad: torch.Tensor) -> None:
         """Hand each sharded parameter its rows of `shard_grad` ((S_local,), averaged, master dtype).

@@ -1,12 +1,21 @@
-"""One unit's gradient reduction: copy-in, pre-divide, ONE reduce_scatter, replica all_reduce, post-divide.
+"""One unit's gradient reduction: pre-divide, ONE reduce_scatter, replica all_reduce, post-divide.
 
-    copy-in         unsharded grads  ->  input (N S_local,), rank-major, reduce dtype
-                    (UnitShards.reduce_input; the unsharded grads are dropped)
-    pre-divide      input /= pre
-    reduce_scatter  input  ->  output (S_local,), this rank's rows        S (N-1)/N sent per rank
+    inputs          the unsharded grads, each (N c C,) in the reduce dtype, where they lie
+                    (UnitShards.reduce_pieces: a padded copy only for rows N does not divide,
+                    a cast only for another dtype; the unsharded .grad are dropped)
+    pre-divide      inputs /= pre
+    reduce_scatter  inputs  ->  output (S_local,), this rank's rows, laid as `local`; one
+                    coalesced collective (comm.reduce_scatter_coalesced)    S (N-1)/N sent per rank
     all_reduce      output across the R replicas (hybrid_shard)           2 (S/N) (R-1)/R
                     or the whole gradient across all ranks (no_shard)     2 S (N-1)/N
     post-divide     output -> master dtype, /= post, -> storage device (CPU offload)
+
+Why no copy-in: a reduce_scatter hands rank r the r-th N-th of its input, so a single-tensor
+collective needs every gradient's chunk r side by side, a rank-major copy of them all (FSDP2's
+foreach_reduce_scatter_copy_in): one pass over S_unit on the caller's thread, and the
+gradients twice for that moment. The coalesced collective takes each gradient as it lies;
+minidist's ring (gloo's default) reduces the pieces in place on its own thread, and NCCL
+runs one reduce_scatter per gradient in one group.
 
 The average divides by every rank that contributed (shard x replicate). gloo has no
 PREMUL_SUM, so the division is explicit, split as minidist.precision.divide_factors says:
@@ -15,7 +24,7 @@ about sqrt(N) before the sum and the rest after; bf16 and fp32 divide once, afte
 and after the cast to the master dtype (the most exact; the output is N times smaller
 than the input).
 
-A GradReduction owns its buffers: the (N S_local,) input, S_unit bytes, is dropped as
+A GradReduction owns its buffers: the gradients it reduces, S_unit bytes, are dropped as
 soon as the reduce_scatter is known complete (advance()); the output until wait() hands
 it over, once the backend's worker has let go of it (minidist.comm.release: the sharded
 gradients are views of it, and zero_grad() must be what frees them). Stages only move forward: REDUCE_SCATTER -> ALL_REDUCE -> DONE, skipping what
@@ -34,7 +43,7 @@ import torch
 
 from minidist import comm
 from minidist.fsdp.shard_spec import MeshInfo
-from minidist.fsdp.param import UnitShards, free_storage
+from minidist.fsdp.param import UnitShards
 from minidist.fsdp.streams import Streams
 from minidist.precision import divide_factors
 
@@ -53,20 +62,24 @@ class GradReduction:
     def __init__(self, shards: UnitShards, mesh: MeshInfo, reduce_dtype: torch.dtype, streams: Streams):
         self._shards, self._mesh, self._streams = shards, mesh, streams
         pre, self._post = divide_factors(mesh.grad_divisor, reduce_dtype)
-        grads = shards.reduce_input(reduce_dtype)  # on the compute stream, where the gradients are
+        pieces = shards.reduce_pieces(reduce_dtype)  # on the compute stream, where the gradients are
         self._work = self._ar_work = self._ar_event = None
         with streams.on(streams.reduce_scatter):
-            if pre != 1:
-                grads.div_(pre)
+            for g in pieces if pre != 1 else ():
+                g.div_(pre)
             if mesh.shard_world > 1:
-                self._input: torch.Tensor | None = grads
-                self._output = grads.new_empty(shards.local_numel)
+                self._input: list[torch.Tensor] | None = pieces
+                self._output = torch.empty(shards.local_numel, dtype=reduce_dtype, device=shards.compute_device)
                 self._handed = comm.Handed([self._output])
-                self._work = comm.reduce_scatter(self._output, grads, comm.ReduceOp.SUM, group=mesh.shard_group,
-                                                 async_op=streams.async_op)
-            else:  # no_shard (or a world of one): the whole gradient is the shard
-                self._input, self._output = None, grads
-                self._handed = comm.Handed([grads])
+                if pieces:
+                    self._work = comm.reduce_scatter_coalesced(shards.local_pieces(self._output), pieces,
+                                                               comm.ReduceOp.SUM, group=mesh.shard_group,
+                                                               async_op=streams.async_op)
+            else:  # no_shard (or a world of one): the whole gradient is the shard, laid as `local`
+                self._input = None
+                self._output = (pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces else
+                                torch.zeros(0, dtype=reduce_dtype, device=shards.compute_device))
+                self._handed = comm.Handed([self._output])
             self._rs_event = streams.record(streams.reduce_scatter)
         self.stage = ReductionStage.REDUCE_SCATTER if self._input is not None else ReductionStage.ALL_REDUCE
         if self._input is None or streams.cuda:  # nothing to wait for first, or stream-ordered
@@ -91,9 +104,8 @@ class GradReduction:
             return
         if self._work is not None:
             self._work.wait()
-        self._streams.wait(self._rs_event)  # GPU: the compute stream (which allocated it) is past its last reader
-        free_storage(self._input)  # the padded full gradient: S_unit bytes, free it now
-        self._work = self._input = None
+        self._streams.wait(self._rs_event)  # GPU: the compute stream (which allocated them) is past their last reader
+        self._work = self._input = None  # the gradients, S_unit bytes: dropped now, on this thread
         has_replicas = self._mesh.replicate_world > 1
         self.stage = ReductionStage.ALL_REDUCE if has_replicas else ReductionStage.DONE
         if has_replicas and not self._streams.cuda:
@@ -110,9 +122,9 @@ class GradReduction:
             self.advance()
 
     @property
-    def buffers(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(padded input, until the reduce_scatter lands; the shard-sized output) - for memory accounting."""
-        return self._input, self._output
+    def buffers(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """(the gradients being reduced, until the reduce_scatter lands; the shard-sized output) - for memory accounting."""
+        return self._input or [], self._output
 
     def wait(self) -> torch.Tensor:
         """The averaged gradient shard, (S_local,) in the master dtype on the storage device. Call once."""

@@ -11,9 +11,9 @@ Ordering is by events, never by blocking the host:
     consumer   current.wait_event(event)      the compute stream waits for the result
 
 Memory is freed only when the collective that read it is done. A tensor allocated on
-a side stream (an all_gather output) goes back to that stream's pool when dropped, so
+a side stream (a cast send buffer) goes back to that stream's pool when dropped, so
 before dropping it, the side stream is made to wait for the current stream's last use
-(wait_current); a tensor allocated on the current stream (a reduce_scatter input) is
+(wait_current); a tensor allocated on the current stream (a gradient being reduced) is
 dropped only after the current stream has waited for the collective's event.
 
 On the CPU (gloo) there are no streams: collectives are issued with async_op=True, run

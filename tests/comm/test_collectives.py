@@ -106,7 +106,7 @@ def test_reduce_ops(run_dist, world):
 
 
 def _moves_data():
-    """all_gather (list, flat and coalesced), reduce_scatter (list input), all_to_all, async broadcast."""
+    """all_gather (list, flat and coalesced), reduce_scatter (list input, coalesced), all_to_all, async broadcast."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = torch.full((3,), float(rank))
     flat = torch.empty(3 * world)
@@ -121,6 +121,19 @@ def _moves_data():
     assert [(r.op, r.numel, r.sent_bytes) for r in tr.records] == [("all_gather", 4 * world, 4 * 4 * (world - 1))]
     comm.all_gather_coalesced([dest[3 * world:]], [b + 1])
     assert dest[3 * world:].tolist() == [r + 1.5 for r in range(world)]
+    # reduce_scatter_coalesced: inputs[i] (N x outputs[i]) reduced, chunk `rank` into outputs[i]; the ring
+    # reads them where they lie (outputs end to end, or apart), gloo's native one after a rank-major copy
+    total = sum(range(world))
+    for algorithm, apart in (("ring", False), ("ring", True), ("native", False)):
+        xs = [torch.arange(world * 3, dtype=torch.float32) + rank, torch.full((world,), rank + 1.0)]
+        flat = torch.zeros(4)
+        outs = [torch.zeros(3), torch.zeros(1)] if apart else [flat[:3], flat[3:]]
+        with comm.trace() as tr:
+            comm.reduce_scatter_coalesced(outs, xs, async_op=True, algorithm=algorithm).wait()
+        assert outs[0].tolist() == [world * (rank * 3 + i) + float(total) for i in range(3)], (algorithm, outs)
+        assert outs[1].item() == total + world, (algorithm, outs)
+        assert apart or flat.tolist() == outs[0].tolist() + outs[1].tolist()
+        assert [(r.op, r.numel, r.algorithm) for r in tr.records] == [("reduce_scatter", 4 * world, algorithm)]
     parts = [torch.full((2,), float(rank * 10 + j)) for j in range(world)]
     out = torch.empty(2)
     comm.reduce_scatter(out, parts)

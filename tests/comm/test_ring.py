@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from minidist import comm
-from minidist.comm import ReduceOp, ring
+from minidist.comm import ReduceOp, lane, ring
 
 
 def _inputs(n: int, k: int, dtype, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +74,8 @@ def _in_flight_and_subgroups():
     # a ring left in flight is finished, not abandoned, when the lanes stop (as at exit)
     late = torch.empty(k)
     work = comm.reduce_scatter(late, inputs[0], async_op=True, algorithm="ring")
-    ring._stop_lanes()
-    assert work.is_completed() and torch.equal(late, outs[0]) and not ring._LANES
+    lane._stop_lanes()
+    assert work.is_completed() and torch.equal(late, outs[0]) and not lane._LANES
     for g in [*singles, sub]:
         dist.destroy_process_group(g)
     return True
