@@ -81,6 +81,14 @@ def _fsdp_speed(text: str) -> str:
     return f"{fsdp2} (FSDP / DDP: {ddp})"
 
 
+def _fsdp_hidden(text: str) -> str:
+    def row(engine: str) -> tuple[str, str]:
+        m = _search(r"(?m)^  " + re.escape(engine) + r"\s+[\d.]+\s+[-\d.]+\s+(-?[\d.]+)%\s+([\d.]+)%", text)
+        return m.group(1), m.group(2)
+    (mine, limit), (theirs, _) = row("fsdp"), row("fsdp2")
+    return f"minidist {mine}% (limit {limit}%), torch {theirs}%"
+
+
 def _trace_overhead(text: str) -> str:
     def us(label: str) -> float:
         return float(_search(re.escape(label) + r"\s+[\d.]+ us/call\s+\+([\d.]+) us vs torch", text).group(1))
@@ -113,6 +121,7 @@ FACTS: dict[str, tuple[str, Callable[[str], str]]] = {
     "zero_overlap": ("bench_zero_overlap", _zero_overlap),
     "zero_bytes": ("lesson_zero1_vs_ddp_n4", _zero_bytes),
     "fsdp_speed": ("bench_fsdp_speed", _fsdp_speed),
+    "fsdp_hidden": ("bench_fsdp_overlap", _fsdp_hidden),
     "trace_overhead": ("trace_overhead", _trace_overhead),
     "persistent_n1": ("bench_fsdp_memory_1", _persistent),
     "persistent_n2": ("bench_fsdp_memory_2", _persistent),
