@@ -205,8 +205,8 @@ class UnitShards:
             numel = self.world * fp.spec.padded_shard_numel
             if not numel:
                 continue
-            if g is not None and g.dtype == dtype and g.numel() == numel and g.is_contiguous():
-                pieces.append(g.view(-1))
+            if g is not None and g.numel() == numel:
+                pieces.append(g.reshape(-1).to(dtype))  # g itself when contiguous and in dtype
                 continue
             piece = torch.zeros(numel, dtype=dtype, device=self.compute_device)
             if g is not None:
