@@ -17,11 +17,11 @@ gather for backward: 2 S (N-1)/N. The padding rows travel too: S counts them.
 Why coalesced, not one all_gather into a rank-major buffer and a copy-out (FSDP2's way, and
 minidist's before): an all_gather lays rank 0's whole send buffer, then rank 1's, so a
 parameter's rows from different ranks are not adjacent and the output must be rearranged,
-one pass over S_unit. Given each parameter's piece and region, gloo gathers into a flat
-buffer of its own and copies every piece to its place on its worker thread, while the
-caller's thread goes on computing (on 2 CPU cores that copy was 9 ms of the main thread's
-step, benchmarks/fsdp_vs_torch.py --mode overlap); NCCL runs one all_gather per parameter
-in one group, straight into `full`. `full` is allocated when the gather starts, so a unit
+one pass over S_unit on the caller's thread, the thread that computes. Given each
+parameter's piece and region, gloo gathers into a flat buffer of its own and copies every
+piece to its place on its worker thread, while the caller's thread goes on computing
+(benchmarks/fsdp_vs_torch.py --mode overlap measures what stays exposed); NCCL runs one
+all_gather per parameter in one group, straight into `full`. `full` is allocated when the gather starts, so a unit
 gathering holds S_unit, as the output buffer did, and no moment holds both.
 
 One rank in the shard group (no_shard, or a world of one) in another dtype or on another
