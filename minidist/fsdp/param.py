@@ -137,8 +137,7 @@ class UnitShards:
                        for i, s, off, size in zip(infos, specs, self.offsets, self.split_sizes)]
         for i in infos:  # the sharded copies are the parameters now
             i.param = None
-        self._full_blocks = [self.full[n * off:n * (off + size)].view(n, size)
-                             for off, size in zip(self.offsets, self.split_sizes)]
+        self._full_regions = [self.full[n * off:n * (off + size)] for off, size in zip(self.offsets, self.split_sizes)]
         self.free_full()
         self.install_sharded()
 
@@ -166,10 +165,10 @@ class UnitShards:
         """(inputs, outputs) of the coalesced all_gather: each parameter's padded shard in `send`, and
         its (N c C,) region of `full`, where rank r's rows land at r c C. Empty parameters are left out."""
         ins, outs = [], []
-        for off, size, block in zip(self.offsets, self.split_sizes, self._full_blocks):
+        for off, size, region in zip(self.offsets, self.split_sizes, self._full_regions):
             if size:
                 ins.append(send[off:off + size])
-                outs.append(block.view(-1))
+                outs.append(region)
         return ins, outs
 
     # -- which parameters the module attributes hold -------------------------------------------
