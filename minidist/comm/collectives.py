@@ -60,6 +60,7 @@ from minidist.comm import flight_recorder as _flight
 from minidist.comm import ring as _ring
 from minidist.comm import trace as _trace
 from minidist.comm.groups import global_rank
+from minidist.comm.release import Handed
 
 Group = dist.ProcessGroup | None
 # Reduce ops every backend here computes natively, plus AVG through the fallback.
@@ -124,14 +125,22 @@ def _check_op(op) -> None:
 
 
 def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call: Callable,
-           is_root: bool = False, algorithm: str = "native", root: int | None = None):
-    """Run one collective: flight-record it, check its fingerprint (debug), record it in active traces."""
+           is_root: bool = False, algorithm: str = "native", root: int | None = None,
+           async_op: bool = False, handed: Sequence[torch.Tensor] = ()):
+    """Run one collective: flight-record it, check its fingerprint (debug), record it in active traces.
+
+    handed: the tensors `call` gives the backend. A synchronous call returns only once the
+    backend has let go of them (release.py), so that they die on this thread; an async one
+    leaves that to whoever owns the Work."""
     entry = _flight.issue(op, tensor, numel, group)
     try:
         if _fingerprint.ENABLED:
             _fingerprint.check(op, tensor, numel, group, entry)
+        refs = None if async_op else Handed(handed, whole_storage=True)
         issued = time.perf_counter()
         work = _flight.issued(entry, call())
+        if refs is not None:
+            refs.wait_released()
     except Exception as e:  # noqa: BLE001 - recorded as failed, then re-raised unchanged (a timeout: named)
         _flight.on_failure(entry, e)
         raise
@@ -162,7 +171,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, group_
     src = _root(src, group_src, group)
     return _issue("broadcast", tensor, tensor.numel(), group,
                   lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
-                  is_root=dist.get_rank() == src, root=src)
+                  is_root=dist.get_rank() == src, root=src, async_op=async_op, handed=[tensor])
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, async_op: bool = False):
@@ -180,7 +189,7 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, *, group: Group = None, as
             return _avg_via_sum(tensor, group, run, async_op)
         return run(op)
 
-    return _issue("all_reduce", tensor, tensor.numel(), group, call)
+    return _issue("all_reduce", tensor, tensor.numel(), group, call, async_op=async_op, handed=[tensor])
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group = None,
@@ -203,7 +212,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group 
             return _avg_via_sum(tensor, group, run, async_op)
         return run(op)
 
-    return _issue("reduce", tensor, tensor.numel(), group, call, is_root=is_dst, root=dst)
+    return _issue("reduce", tensor, tensor.numel(), group, call, is_root=is_dst, root=dst, async_op=async_op, handed=[tensor])
 
 
 def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *,
@@ -220,14 +229,15 @@ def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *
     """
     n = _size(group)
     impl = _ring.choose(algorithm, group, input) if isinstance(output, torch.Tensor) else "native"
+    handed = [input, *([output] if isinstance(output, torch.Tensor) else output)]
     if impl == "ring":
         return _issue("all_gather", input, input.numel() * n, group,
-                      lambda: _ring.ring_all_gather(output, input, group, async_op), algorithm="ring")
+                      lambda: _ring.ring_all_gather(output, input, group, async_op), algorithm="ring", async_op=async_op, handed=handed)
     if isinstance(output, torch.Tensor):
         call = lambda: _all_gather_single(output, input, group=group, async_op=async_op)  # noqa: E731
     else:
         call = lambda: dist.all_gather(list(output), input, group=group, async_op=async_op)  # noqa: E731
-    return _issue("all_gather", input, input.numel() * n, group, call)
+    return _issue("all_gather", input, input.numel() * n, group, call, async_op=async_op, handed=handed)
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op=ReduceOp.SUM, *,
@@ -256,7 +266,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Te
             return _avg_via_sum(output, group, run, async_op)
         return run(op)
 
-    return _issue("reduce_scatter", output, flat.numel(), group, call, algorithm=impl)
+    return _issue("reduce_scatter", output, flat.numel(), group, call, algorithm=impl, async_op=async_op, handed=[output, flat])
 
 
 def _native_reduce_scatter(output, flat, op, group, async_op):
@@ -297,7 +307,7 @@ def gather(input: torch.Tensor, gather_list: list[torch.Tensor] | None = None, d
         raise ValueError("gather: gather_list must be None on ranks other than dst")
     return _issue("gather", input, input.numel() * _size(group), group,
                   lambda: dist.gather(input, gather_list, dst, group=group, async_op=async_op), is_root=is_dst,
-                  root=dst)
+                  root=dst, async_op=async_op, handed=[input, *(gather_list or ())])
 
 
 def scatter(output: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, *,
@@ -316,7 +326,7 @@ def scatter(output: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         raise ValueError("scatter: scatter_list must be None on ranks other than src")
     return _issue("scatter", output, output.numel() * _size(group), group,
                   lambda: dist.scatter(output, scatter_list, src, group=group, async_op=async_op), is_root=is_src,
-                  root=src)
+                  root=src, async_op=async_op, handed=[output, *(scatter_list or ())])
 
 
 def all_to_all(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor | list[torch.Tensor], *,
@@ -335,7 +345,8 @@ def all_to_all(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor | 
         numel = sum(t.numel() for t in input)
         call = lambda: dist.all_to_all(list(output), list(input), group=group, async_op=async_op)  # noqa: E731
         ref = input[0]
-    return _issue("all_to_all", ref, numel, group, call)
+    handed = [output, input] if isinstance(input, torch.Tensor) else [*output, *input]
+    return _issue("all_to_all", ref, numel, group, call, async_op=async_op, handed=handed)
 
 
 def barrier(*, group: Group = None, async_op: bool = False):
@@ -343,4 +354,4 @@ def barrier(*, group: Group = None, async_op: bool = False):
 
     Collective: every rank of `group` calls it, in the same order as its other collectives.
     """
-    return _issue("barrier", None, 0, group, lambda: dist.barrier(group=group, async_op=async_op))
+    return _issue("barrier", None, 0, group, lambda: dist.barrier(group=group, async_op=async_op), async_op=async_op)

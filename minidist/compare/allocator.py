@@ -26,7 +26,8 @@ the instrument, both stated where numbers are printed:
   * a free on a thread it does not follow is not reported either, so a tensor whose last
     reference dies there stays counted until its address is allocated again. minidist's
     engines wait for gloo's worker to let go of what a collective was handed before they
-    return it (minidist.comm.release), so their tensors die on the main thread.
+    return it, and minidist.comm's synchronous calls before they return (minidist.comm.release),
+    so their tensors die on the main thread.
 
 Two steps of one run can peak differently (an allocation order that timing decides); comm's
 own bookkeeping keeps no tensor. `bytes` is the highest window peak, the memory a run must

@@ -22,7 +22,7 @@ ROLES = ("parameters", "gradients", "optimizer", "buffers", "activations")
 
 def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str, hw: Hardware = Hardware(),
            device: str = "cuda", optimizer: str = "adamw") -> dict[str, float]:
-    """Peak bytes per GPU by role (ROLES, and "total", "where"): the most of three instants.
+    """Peak bytes per GPU by role (ROLES, and "total", "where", "in_flight"): the most of three instants.
 
     backward's start   states (no gradients yet) + the engine's holdings before its first gradient
                        + every activation + the loss's fp32 gradient (b s V / t); a pipeline stage's first
@@ -30,7 +30,9 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     after the head     the engine's first bucket allocated, the head's and loss's saved tensors freed
     optimizer          states + gradients + the engine's buffers and the optimizer's temporaries
     States: the record's (p, g, K of the precision) over its state group; the engine's transient
-    holdings from its footprint (held()) at the compute dtype; activations minidist.memory's formula."""
+    holdings from its footprint (held()) at the compute dtype; activations minidist.memory's formula.
+    in_flight: of the total, a backend's staging of a collective that may have landed before that
+    instant (Held.in_flight): a measured peak is the total, or the total less it."""
     p = RunPrecision(precision) if isinstance(precision, str) else precision
     e = p.compute_bytes
     states, rows, plain_grads = _holdings(model, replace(lay, micro_batch=0, recompute="none"), seq, p, hw,
@@ -47,16 +49,17 @@ def memory(model: GPTModel, lay: Layout, seq: int, precision: RunPrecision | str
     base = {"parameters": states["parameters"], "optimizer": states["optimizer"]}
     backward = [h for h in rows if h.at.phase == "backward"] or rows
     first = backward[0]
-    during = max((held_bytes(h, False) for h in backward), key=lambda b: sum(b.values()))
-    instants = [("backward's start", base | held_bytes(first, True) | {"activations": acts.total + first_grad}),
-                ("after the head's backward", base | during
-                 | {"activations": acts.total - acts.head + first_grad + acts.recompute_transient})]
+    during = max(backward, key=lambda h: sum(held_bytes(h, False).values()))
+    instants = [("backward's start", base | held_bytes(first, True) | {"activations": acts.total + first_grad},
+                 first.in_flight),
+                ("after the head's backward", base | held_bytes(during, False)
+                 | {"activations": acts.total - acts.head + first_grad + acts.recompute_transient}, during.in_flight)]
     for h, grads in plain_grads:  # (boundary: pp's freed by then)
         roles = held_bytes(h, False)
         roles["gradients"] += grads
-        instants.append((h.note or h.at.phase, base | roles | {"activations": 0.0}))
-    where, roles = max(instants, key=lambda kv: sum(kv[1].values()))
-    return roles | {"total": sum(roles.values()), "where": where}
+        instants.append((h.note or h.at.phase, base | roles | {"activations": 0.0}, h.in_flight))
+    where, roles, in_flight = max(instants, key=lambda kv: sum(kv[1].values()))
+    return roles | {"total": sum(roles.values()), "where": where, "in_flight": in_flight}
 
 
 @lru_cache(maxsize=4096)

@@ -31,14 +31,15 @@ become the next reduction's input, without a copy (reduce_scatter.py). no_shard 
 nothing: the whole gradient (the unit's gradients end to end, a copy of them for that
 moment) is all-reduced and kept as the gradient.
 
-gloo's coalesced all_gather copies the inputs into one flat buffer (S_u) and gathers into
-another (P_u) before it places the pieces, so while a prefetched unit's gather may still run
-("other", an upper bound) those exist too, on gloo's thread (torch's allocator events see
-them, MemTracker does not);
-gloo's own reduce_scatter all-reduces a clone of its input, which
-comm.reduce_scatter_coalesced first copies rank-major (not minidist's ring, the default on
-gloo: minidist.comm.ring): two copies of the gradients beside them. Rank 0 holds the most: every rank's shard is padded to c rows, and
-rank 0's are all real rows (its optimizer state is the largest).
+gloo's coalesced all_gather, when it is issued, copies the inputs into one flat buffer (S_u)
+and allocates another for the gathered output (P_u); both go when the pieces are in place.
+A unit whose gather may still be running at an instant counts them ("other", and
+Held.in_flight): an upper bound, since a measured peak holds them only if the gather has not
+landed by then (at 4 processes on 2 cores it has, in about one step in four). gloo's own
+reduce_scatter all-reduces a clone of its input, which comm.reduce_scatter_coalesced first
+copies rank-major (not minidist's ring, the default on gloo: minidist.comm.ring): two copies
+of the gradients beside them, while it runs. Rank 0 holds the most: every rank's shard is
+padded to c rows, and rank 0's are all real rows (its optimizer state is the largest).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def held(layout: ModelShape, strategy: str, world: int, *, shard_size: int | Non
     for u in range(layout.units):
         for stage in ((0, 1) if u == 0 else (0,)):
             at = At("forward", u, stage)
-            rows.append(Held(at, base | gathered(at), None, f"forward of unit {u}"))
+            g = gathered(at)
+            rows.append(Held(at, base | g, None, f"forward of unit {u}", in_flight=g["other"]))
     for u in range(layout.units):
         for stage in ((0, 1) if u == 0 else (0,)):
             at = At("backward", u, stage)
@@ -118,7 +120,7 @@ def held(layout: ModelShape, strategy: str, world: int, *, shard_size: int | Non
             g = gathered(at)
             rows.append(Held(at, base | g | {"buffers": g["buffers"] + (reduce_in[min(done)] if done else 0),
                                              "gradients": shards(done)},
-                             (u, 0) if u else (0,), f"backward of unit {u}"))
+                             (u, 0) if u else (0,), f"backward of unit {u}", in_flight=g["other"]))
         if u == 0:
             continue
         done = list(range(u + 1, last + 1))
@@ -127,7 +129,7 @@ def held(layout: ModelShape, strategy: str, world: int, *, shard_size: int | Non
         if clone and previous:  # freed `full`, waiting for the previous reduce_scatter: its input thrice
             rows.append(Held(At("post_backward", u, 0), base | {"buffers": gathered_u + previous, "other": 2 * previous,
                                                                 "gradients": shards(done)}, (u, 0),
-                             f"unit {u}'s post_backward, gloo's reduce_scatter clone alive"))
+                             f"unit {u}'s post_backward, gloo's reduce_scatter clone alive", in_flight=2 * previous))
         filled = {"buffers": gathered_u + reduce_in[u], "gradients": shards(done)} if n > 1 else \
             {"buffers": gathered_u, "gradients": shards(done) + local[u] * r}  # no_shard: the input is the gradient
         rows.append(Held(At("post_backward", u, 1), base | filled, (0,) if n > 1 else (u, 0),

@@ -16,12 +16,14 @@ from recipes import plan_check as check
 
 def test_planned_memory_within_5_percent_of_the_allocator_at_4_processes(run_dist):
     """ZeRO-2, FSDP, DDP x TP2 with SP, FSDP x TP2, dp2 x cp2 and dp2 x pp2 (1F1B) at 4 processes
-    (recipes.plan_check: the docs' numbers)."""
+    (recipes.plan_check: the docs' numbers). FSDP's peak holds gloo's staging of a gather or not, as the
+    gather's timing falls: each measured peak is within 5% of the plan for the outcome it shows."""
     per_rank = run_dist(4, check.peaks, check.memory_overrides(), timeout=300)
-    for row, (planned, measured) in check.memory_vs_plan(per_rank).items():
+    for row, (planned, in_flight, measured) in check.memory_vs_plan(per_rank).items():
         for m in measured:
-            print(f"\n{row}: planned {planned / 1e6:.3f} MB, measured {m / 1e6:.3f} MB ({planned / m - 1:+.1%})")
-            assert planned == pytest.approx(m, rel=0.05), (row, planned, m)
+            p = check.planned_for(planned, in_flight, m)
+            print(f"\n{row}: planned {p / 1e6:.3f} MB, measured {m / 1e6:.3f} MB ({p / m - 1:+.1%})")
+            assert p == pytest.approx(m, rel=0.05), (row, planned, in_flight, m)
 
 
 @pytest.mark.alone
