@@ -133,7 +133,7 @@ def _layers() -> dict[str, Snippet]:
         "activation_memory": Snippet("activation_memory", "the formula columns (minidist.memory.activations, "
                                      "Korthikanti et al.'s per layer)", "the measured column (torch's profiler) "
                                      "and its ratio", jobs.activation_memory),
-        "plan_check": Snippet("plan_check", "the planned MB column (minidist.compare.plan.memory)",
+        "plan_check": Snippet("plan_check", "the planned MB and in flight columns (minidist.compare.plan.memory)",
                               "alpha and beta, every time (planned on the measured link), the measured MB "
                               "and the ratios", jobs.plan_check),
     }
