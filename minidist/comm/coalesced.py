@@ -55,7 +55,8 @@ def all_reduce_coalesced(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, *, gr
         work.wait()
         return None
 
-    return _issue("all_reduce", tensors[0], sum(t.numel() for t in tensors), group, call, async_op=async_op, handed=tensors)
+    return _issue("all_reduce", tensors[0], sum(t.numel() for t in tensors), group, call, async_op=async_op,
+                  handed=tensors)
 
 
 def all_gather_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *,

@@ -212,7 +212,8 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, *, group: Group 
             return _avg_via_sum(tensor, group, run, async_op)
         return run(op)
 
-    return _issue("reduce", tensor, tensor.numel(), group, call, is_root=is_dst, root=dst, async_op=async_op, handed=[tensor])
+    return _issue("reduce", tensor, tensor.numel(), group, call, is_root=is_dst, root=dst, async_op=async_op,
+                  handed=[tensor])
 
 
 def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *,
@@ -232,7 +233,8 @@ def all_gather(output: torch.Tensor | list[torch.Tensor], input: torch.Tensor, *
     handed = [input, *([output] if isinstance(output, torch.Tensor) else output)]
     if impl == "ring":
         return _issue("all_gather", input, input.numel() * n, group,
-                      lambda: _ring.ring_all_gather(output, input, group, async_op), algorithm="ring", async_op=async_op, handed=handed)
+                      lambda: _ring.ring_all_gather(output, input, group, async_op), algorithm="ring",
+                      async_op=async_op, handed=handed)
     if isinstance(output, torch.Tensor):
         call = lambda: _all_gather_single(output, input, group=group, async_op=async_op)  # noqa: E731
     else:
@@ -266,7 +268,8 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Te
             return _avg_via_sum(output, group, run, async_op)
         return run(op)
 
-    return _issue("reduce_scatter", output, flat.numel(), group, call, algorithm=impl, async_op=async_op, handed=[output, flat])
+    return _issue("reduce_scatter", output, flat.numel(), group, call, algorithm=impl, async_op=async_op,
+                  handed=[output, flat])
 
 
 def _native_reduce_scatter(output, flat, op, group, async_op):

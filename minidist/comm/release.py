@@ -32,8 +32,8 @@ return, counting references to each tensor's storage (whole_storage=True) rather
 tensor object: the call itself may hand the backend a view (a flattened input), and minidist's
 ring lane makes views of the pieces it sends. The caller's thread is inside the call, so no
 reference of its own appears meanwhile. Without it, tensor parallelism's activations (gathered,
-scattered on every layer) died on gloo's thread in most steps on a loaded machine, and torch's
-profiler counted 0.1-1 MB of them alive at the peak of a 8 MB step (tests/compare/test_plan.py).
+scattered on every layer) died on gloo's thread in many steps on a loaded machine, and torch's
+profiler counted 0.1-1 MB of them alive at an 8 MB peak (tests/compare/test_plan.py).
 """
 
 from __future__ import annotations
