@@ -18,9 +18,10 @@ the session opens before the model is built (parameters, gradients, optimizer st
 engine buffers are then all inside it) and the peak is read inside window(). Two limits of
 the instrument, both stated where numbers are printed:
 
-  * the profiler's state is per thread: allocations on threads it did not start on (gloo's
-    workers, minidist's ring lane) are not seen. The ledger (memory.py) sees the same
-    main-thread tensors, so the two are compared like with like;
+  * the profiler's state is per thread: it sees the thread it started on, and gloo's worker
+    while it runs a collective (gloo carries the caller's state into the work: its staging
+    buffers are seen), but not minidist's ring lane (a Python thread) nor gloo's worker after
+    the collective. The ledger (memory.py) sees the main thread's tensors;
   * a free of memory allocated before the session is not reported (torch logs a warning):
     so nothing allocated before the session may die inside it (call gc.collect() first);
   * a free on a thread it does not follow is not reported either, so a tensor whose last

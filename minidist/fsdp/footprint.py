@@ -31,9 +31,10 @@ become the next reduction's input, without a copy (reduce_scatter.py). no_shard 
 nothing: the whole gradient (the unit's gradients end to end, a copy of them for that
 moment) is all-reduced and kept as the gradient.
 
-gloo's coalesced all_gather, when it is issued, copies the inputs into one flat buffer (S_u)
-and allocates another for the gathered output (P_u); both go when the pieces are in place.
-A unit whose gather may still be running at an instant counts them ("other", and
+gloo's coalesced all_gather copies the inputs into one flat buffer (S_u) and gathers into
+another (P_u) on its worker thread, which frees both once the pieces are in place (gloo runs
+the work under the caller's profiling state, so torch's allocator events see them; MemTracker
+does not). A unit whose gather may still be running at an instant counts them ("other", and
 Held.in_flight): an upper bound, since a measured peak holds them only if the gather has not
 landed by then (at 4 processes on 2 cores it has, in about one step in four). gloo's own
 reduce_scatter all-reduces a clone of its input, which comm.reduce_scatter_coalesced first
