@@ -65,7 +65,7 @@ class Handed:
     synchronous call)."""
 
     def __init__(self, tensors: Iterable[torch.Tensor], *, whole_storage: bool = False):
-        self.tensors = [t for t in tensors if t.device.type == "cpu"]
+        self.tensors = [t for t in tensors if t.device.type == "cpu" and t.layout == torch.strided]
         self._refs = _tensor_and_storage_refs if whole_storage else _tensor_refs
         self.counts = [self._refs(t) for t in self.tensors]
 
