@@ -89,12 +89,10 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(items):
-    """A stable sort: the tests marked `alone` first, then those that launch interpreters. Under pytest-xdist an
-    `alone` test idles the other worker while it runs, and itself idles until the other worker's test ends; at the
-    start both workers begin with one, so the second only waits for the first. The launching tests are the
-    longest: left for the end, one keeps a worker busy while the other has nothing left to take. (The docs
-    site's build is not marked: its readers, tests/docs, stay next to it.)"""
-    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, item.get_closest_marker("launches") is None))
+    """The tests that launch interpreters first (a stable sort): they are the longest, and under pytest-xdist a
+    long test left for the end keeps one worker busy while the other has nothing left to take. (The docs site's
+    build is not marked: its readers, tests/docs, stay next to it.)"""
+    items.sort(key=lambda item: item.get_closest_marker("launches") is None)
 
 
 @pytest.fixture(autouse=True)
