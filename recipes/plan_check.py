@@ -151,9 +151,9 @@ def table(times: dict, mem: dict, link) -> str:
     lines += ["", f"{'row':<18}{'planned MB':>11}{'in flight':>10}{'measured MB':>12}{'planned/measured':>18}"]
     for row, (p, flying, ms) in mem.items():
         for m in ms:
-            landed = " (landed)" if planned_for(p, flying, m) != p else ""
+            shown = planned_for(p, flying, m)
             lines.append(f"{row:<18}{p / 1e6:>11.3f}{flying / 1e6:>10.3f}{m / 1e6:>12.3f}"
-                         f"{planned_for(p, flying, m) / m - 1:>+18.1%}{landed}")
+                         f"{shown / m - 1:>+18.1%}{' (landed)' if shown != p else ''}")
     return "\n".join(lines)
 
 

@@ -22,7 +22,6 @@ are point to point, made by the two ranks of each message only, in the same orde
 from torch.distributed import ReduceOp
 
 from minidist.comm.collectives import (
-    FinishingWork,
     all_gather,
     all_reduce,
     all_to_all,
@@ -34,6 +33,7 @@ from minidist.comm.collectives import (
     reduce_scatter,
     scatter,
 )
+from minidist.comm.fallbacks import FinishingWork
 from minidist.comm.coalesced import all_gather_coalesced, all_reduce_coalesced, reduce_scatter_coalesced
 from minidist.comm import flight_recorder, kernel_io
 from minidist.comm.release import Handed

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from minidist.comm import ring as _ring
-from minidist.comm.collectives import FinishingWork, Group, _check_op, _is_gloo, _issue, _native_reduce_scatter, _size
+from minidist.comm.collectives import Group, _check_op, _is_gloo, _issue, _size
+from minidist.comm.fallbacks import FinishingWork, _native_reduce_scatter
 
 
 def all_reduce_coalesced(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, *, group: Group = None,
@@ -111,7 +112,7 @@ def reduce_scatter_coalesced(outputs: Sequence[torch.Tensor], inputs: Sequence[t
     def call():
         if impl == "ring":
             return _ring.ring_reduce_scatter(outputs, inputs, group, async_op, op)
-        if not _is_gloo(group):
+        if not staged:  # NCCL: one reduce_scatter per tensor, from the inputs in place
             opts = dist.ReduceScatterOptions()
             opts.reduceOp = op
             work = (group or dist.group.WORLD).reduce_scatter_tensor_coalesced(outputs, inputs, opts)

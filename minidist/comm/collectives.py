@@ -25,7 +25,7 @@ Ranks are named as in torch.distributed: `src` and `dst` are global ranks,
 handed a mesh dimension knows); give one or the other. global_rank() is the one
 place where minidist turns a group rank into a global one.
 
-Where a backend lacks something, a documented equivalent runs instead, never a
+Where a backend lacks something, a documented equivalent runs instead (fallbacks.py), never a
 silently different answer:
   * ReduceOp.AVG on gloo (absent in old builds, and it has had correctness bugs):
     SUM, then divide by the group size.
@@ -47,7 +47,6 @@ check that they agree on it (fingerprint.py).
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable, Sequence
 
@@ -60,50 +59,15 @@ from minidist.comm import flight_recorder as _flight
 from minidist.comm import ring as _ring
 from minidist.comm import trace as _trace
 from minidist.comm.groups import global_rank
+from minidist.comm.fallbacks import _avg_via_sum, _native_reduce_scatter
 from minidist.comm.release import Handed
 
 Group = dist.ProcessGroup | None
 # Reduce ops every backend here computes natively, plus AVG through the fallback.
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 
-# torch 2.14 names the single-tensor forms *_single; older releases only have *_tensor.
+# torch 2.14 names the single-tensor form all_gather_single; older releases only have *_into_tensor.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-class FinishingWork:
-    """A Work handle whose completion also runs a finishing step on this rank.
-
-    Used by the fallbacks above: the collective runs asynchronously, and the
-    divide (AVG) or chunk copy (reduce_scatter) happens exactly once, on wait()
-    or when the future completes, whichever comes first.
-    """
-
-    def __init__(self, work: dist.Work, finish: Callable[[], None]):
-        self._work = work
-        self._finish = finish
-        self._lock = threading.Lock()
-        self._finished = False
-
-    def _finish_once(self) -> None:
-        with self._lock:
-            if not self._finished:
-                self._finished = True
-                self._finish()
-
-    def wait(self, timeout=None) -> bool:
-        self._work.wait() if timeout is None else self._work.wait(timeout)
-        self._finish_once()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed() and self._finished
-
-    def get_future(self) -> torch.futures.Future:
-        def _then(fut):
-            self._finish_once()
-            return fut.value()
-        return self._work.get_future().then(_then)
 
 
 def _size(group: Group) -> int:
@@ -148,18 +112,6 @@ def _issue(op: str, tensor: torch.Tensor | None, numel: int, group: Group, call:
         return work
     return _trace.record(op, tensor, numel, group, work, issued, is_root=is_root, algorithm=algorithm,
                          root=None if root is None else dist.get_group_rank(group or dist.group.WORLD, root))
-
-
-def _avg_via_sum(tensor: torch.Tensor, group: Group, run: Callable[[ReduceOp], object], async_op: bool):
-    """Run `run(SUM)` and divide the result tensor by the group size."""
-    n = _size(group)
-    if not (tensor.is_floating_point() or tensor.is_complex()):
-        raise TypeError(f"ReduceOp.AVG needs a floating tensor, got {tensor.dtype}")
-    work = run(ReduceOp.SUM)
-    if async_op:
-        return FinishingWork(work, lambda: tensor.div_(n))
-    tensor.div_(n)
-    return None
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, *, group: Group = None, group_src: int | None = None,
@@ -270,28 +222,6 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor | Sequence[torch.Te
 
     return _issue("reduce_scatter", output, flat.numel(), group, call, algorithm=impl, async_op=async_op,
                   handed=[output, flat])
-
-
-def _native_reduce_scatter(output, flat, op, group, async_op):
-    """The backend's reduce_scatter, or on a backend without one the all_reduce fallback below."""
-    try:
-        return _reduce_scatter_single(output, flat.view_as(flat), op, group=group, async_op=async_op)
-    except RuntimeError as e:
-        if "does not support" not in str(e):
-            raise
-        return _reduce_scatter_by_all_reduce(output, flat, op, group, async_op)
-
-
-def _reduce_scatter_by_all_reduce(output, flat, op, group, async_op):
-    """Fallback for backends without reduce_scatter: all_reduce a copy, keep our chunk."""
-    scratch = flat.clone()
-    rank = dist.get_rank(group)
-    work = dist.all_reduce(scratch, op, group=group, async_op=async_op)
-    copy = lambda: output.view(-1).copy_(scratch.view(-1).chunk(_size(group))[rank])  # noqa: E731
-    if async_op:
-        return FinishingWork(work, copy)
-    copy()
-    return None
 
 
 def gather(input: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, *,
